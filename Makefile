@@ -1,0 +1,53 @@
+# Everything a developer and CI run. `make run` and `make test` install what is missing first.
+PY ?= /usr/bin/python3
+VENV := .venv
+RUNTIME := .runtime
+HOST ?= 127.0.0.1
+PORT ?= 8080
+DATA_DIR ?= ./sandbank-data
+
+.PHONY: install install-dev system-deps run test lint typecheck bench clean
+
+system-deps:
+	@scripts/install-system-deps
+
+$(VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e .
+	touch $@
+
+$(VENV)/.dev-installed: $(VENV)/.installed pyproject.toml
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+
+# The sandbox runtime: its own venv from Debian's Python, readable by the sandbox users.
+$(RUNTIME)/.installed: runtime/requirements.txt
+	$(PY) -m venv $(RUNTIME)
+	$(RUNTIME)/bin/pip install -q --upgrade pip
+	$(RUNTIME)/bin/pip install -q -r runtime/requirements.txt $(SANDBANK_EXTRA_PACKAGES)
+	chmod -R a+rX $(RUNTIME)
+	touch $@
+
+install: system-deps $(VENV)/.installed $(RUNTIME)/.installed
+
+install-dev: install $(VENV)/.dev-installed
+
+run: install
+	$(VENV)/bin/sandbank serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)
+
+lint: install-dev
+	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests bench
+
+typecheck: install-dev
+	$(VENV)/bin/mypy
+
+test: install-dev lint typecheck
+	$(VENV)/bin/pytest -q
+
+bench: install
+	$(VENV)/bin/python bench/runtime.py
+
+clean:
+	rm -rf $(VENV) $(RUNTIME)

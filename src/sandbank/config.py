@@ -1,0 +1,125 @@
+"""Settings: every knob of Sandbank, read from `SANDBANK_*` variables; the only reader of the environment."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1024 * 1024
+
+
+def _default_runtime_dir() -> Path:
+    # `make install` builds the server in <checkout>/.venv and the sandbox runtime in
+    # <checkout>/.runtime, so the runtime sits beside the interpreter running us.
+    return Path(sys.prefix).resolve().parent / ".runtime"
+
+
+class Settings(BaseSettings):
+    """All settings. The README's configuration table is checked against this class by a test."""
+
+    model_config = SettingsConfigDict(env_prefix="SANDBANK_", extra="ignore")
+
+    # --- server ---------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address `sandbank serve` listens on.")
+    port: int = Field(8080, description="Port `sandbank serve` listens on.")
+    data_dir: Path = Field(
+        Path("./sandbank-data"),
+        description="Where state lives: database, uploaded files, sandbox workspaces, keys.",
+    )
+    log_level: str = Field("info", description="Log level (debug, info, warning, error).")
+    public_base_url: str = Field(
+        "",
+        description="Base URL clients reach this server at (for presigned URLs); "
+        "empty means http://HOST:PORT.",
+    )
+
+    # --- sandbox runtime ------------------------------------------------------------------
+    isolation: Literal["bwrap", "none"] = Field(
+        "bwrap",
+        description="`bwrap` (namespaces, seccomp, cgroups) or `none`: an UNISOLATED "
+        "development mode that must be chosen explicitly and logs a loud warning.",
+    )
+    runtime_dir: Path = Field(
+        default_factory=_default_runtime_dir,
+        description="The sandbox's Python environment (built by `make install`), "
+        "mounted read-only; default `.runtime` beside the server's venv.",
+    )
+    memory_limit_mb: int = Field(1024, ge=16, description="Memory per session (MiB).")
+    pids_limit: int = Field(256, ge=8, description="Processes and threads per session.")
+    cpu_limit: float = Field(1.0, gt=0, description="CPU cores per session (CFS quota).")
+    disk_limit_mb: int = Field(1024, ge=4, description="Workspace disk per session (MiB).")
+    tmp_limit_mb: int = Field(
+        64, ge=1, description="Private /tmp per session (MiB; counts as memory)."
+    )
+    open_files_limit: int = Field(1024, ge=64, description="Open files per process.")
+    output_limit_bytes: int = Field(
+        1 * MiB, ge=1024, description="Captured output per stream per call, then truncated."
+    )
+    exec_timeout_default: int = Field(
+        60, ge=1, description="Execute timeout when a call names none (seconds)."
+    )
+    exec_timeout_max: int = Field(
+        600, ge=1, description="Ceiling on a call's timeout; larger values are clamped."
+    )
+    interrupt_grace_seconds: float = Field(
+        2.0,
+        gt=0,
+        description="After an interrupt, how long code may take to yield before the "
+        "interpreter is killed and restarted.",
+    )
+    pool_size: int = Field(2, ge=0, description="Sandboxes kept started and ready to lease.")
+    pool_preimport: bool = Field(
+        True, description="Whether pooled sandboxes pre-import the data stack (pandas, ...)."
+    )
+    max_sessions: int = Field(
+        16, ge=1, description="Live sessions; past it the least recently used idle one is reclaimed."
+    )
+    idle_timeout_default: int = Field(
+        600, ge=1, description="Idle timeout of a session that asks for none (seconds)."
+    )
+    idle_timeout_max: int = Field(3600, ge=1, description="Ceiling on a session's idle timeout.")
+    max_lifetime_default: int = Field(
+        3600, ge=1, description="Maximum lifetime of a session that asks for none (seconds)."
+    )
+    max_lifetime_max: int = Field(
+        86400, ge=1, description="Ceiling on a session's maximum lifetime (seconds)."
+    )
+    reaper_interval_seconds: float = Field(
+        5.0, gt=0, description="How often expired sessions are looked for."
+    )
+    uid_base: int = Field(
+        200000, ge=1000, description="First host uid given to sandboxes (one uid per session)."
+    )
+    uid_count: int = Field(50000, ge=1, description="How many uids from `uid_base` may be used.")
+    uid_lock_dir: Path = Field(
+        Path("/run/sandbank/uids"),
+        description="Machine-wide directory of uid claim locks, shared by every server.",
+    )
+
+    # --- code-execution API -----------------------------------------------------------------
+    exec_api: Literal["on", "off"] = Field(
+        "on", description="Serve the code-execution API at the root of the server."
+    )
+    exec_tokens: SecretStr = Field(
+        SecretStr(""),
+        description="Comma-separated bearer tokens for the code-execution API; each is a "
+        "tenant. Empty: no auth (loopback only).",
+    )
+    exec_tokens_file: Path | None = Field(
+        None, description="A file of bearer tokens, one per line (added to `exec_tokens`)."
+    )
+    allowed_hosts: str = Field(
+        "localhost,127.0.0.1,[::1]",
+        description="Comma-separated Host header values accepted (DNS-rebinding guard); "
+        "`*` accepts any.",
+    )
+    put_file_max_bytes: int = Field(
+        100 * MiB, ge=1, description="Largest file PutFile and uploads accept (bytes)."
+    )
+    list_files_max: int = Field(
+        1000, ge=1, description="Most entries one ListFiles answer returns."
+    )

@@ -1,0 +1,99 @@
+"""The error tree: every failure Sandbank reports, each knowing its HTTP status and stable code.
+
+    SandbankError                      500  internal
+    ├── BadRequest                     400  bad_request
+    │   ├── UnknownTool                400  unknown_tool
+    │   └── Unprocessable              422  unprocessable
+    ├── Unauthorized                   401  unauthorized
+    ├── Forbidden                      403  forbidden
+    │   └── PathEscape                 403  path_escape
+    ├── NotFound                       404  not_found
+    │   └── SessionNotFound            404  session_not_found
+    ├── Conflict                       409  conflict
+    ├── PayloadTooLarge                413  payload_too_large
+    ├── AtCapacity                     503  at_capacity
+    └── SandboxError                   500  sandbox_error
+        └── IsolationUnavailable       500  isolation_unavailable
+
+A user program's failure is never one of these: it is a result with a return code.
+Foreign exceptions are translated into this tree at the edge that meets them.
+"""
+
+from __future__ import annotations
+
+
+class SandbankError(Exception):
+    status = 500
+    code = "internal"
+
+    def __init__(self, message: str = "internal error") -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(SandbankError):
+    status = 400
+    code = "bad_request"
+
+
+class UnknownTool(BadRequest):
+    code = "unknown_tool"
+
+
+class Unprocessable(BadRequest):
+    status = 422
+    code = "unprocessable"
+
+
+class Unauthorized(SandbankError):
+    status = 401
+    code = "unauthorized"
+
+
+class Forbidden(SandbankError):
+    status = 403
+    code = "forbidden"
+
+
+class PathEscape(Forbidden):
+    code = "path_escape"
+
+
+class NotFound(SandbankError):
+    status = 404
+    code = "not_found"
+
+
+class SessionNotFound(NotFound):
+    code = "session_not_found"
+
+
+class IsADirectory(BadRequest):
+    code = "is_a_directory"
+
+
+class Conflict(SandbankError):
+    status = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(SandbankError):
+    status = 413
+    code = "payload_too_large"
+
+
+class AtCapacity(SandbankError):
+    status = 503
+    code = "at_capacity"
+
+    def __init__(self, message: str = "at capacity", retry_after: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class SandboxError(SandbankError):
+    code = "sandbox_error"
+
+
+class IsolationUnavailable(SandboxError):
+    code = "isolation_unavailable"
