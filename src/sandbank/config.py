@@ -1,4 +1,4 @@
-"""Settings: every knob of Sandbank, read from `SANDBANK_*` variables; the only reader of the environment."""
+"""Settings: every knob, from `SANDBANK_*` variables; the only reader of the environment."""
 
 from __future__ import annotations
 
@@ -76,7 +76,9 @@ class Settings(BaseSettings):
         True, description="Whether pooled sandboxes pre-import the data stack (pandas, ...)."
     )
     max_sessions: int = Field(
-        16, ge=1, description="Live sessions; past it the least recently used idle one is reclaimed."
+        16,
+        ge=1,
+        description="Live sessions; past it the least recently used idle one is reclaimed.",
     )
     idle_timeout_default: int = Field(
         600, ge=1, description="Idle timeout of a session that asks for none (seconds)."

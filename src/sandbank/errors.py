@@ -3,7 +3,9 @@
     SandbankError                      500  internal
     ├── BadRequest                     400  bad_request
     │   ├── UnknownTool                400  unknown_tool
-    │   └── Unprocessable              422  unprocessable
+    │   ├── IsADirectory               400  is_a_directory
+    │   ├── Unprocessable              422  unprocessable
+    │   └── UnsupportedMediaType       415  unsupported_media_type
     ├── Unauthorized                   401  unauthorized
     ├── Forbidden                      403  forbidden
     │   └── PathEscape                 403  path_escape
@@ -43,6 +45,11 @@ class UnknownTool(BadRequest):
 class Unprocessable(BadRequest):
     status = 422
     code = "unprocessable"
+
+
+class UnsupportedMediaType(BadRequest):
+    status = 415
+    code = "unsupported_media_type"
 
 
 class Unauthorized(SandbankError):

@@ -1,4 +1,4 @@
-"""The runtime's vocabulary: tool calls, their results, and the interface every sandbox backend implements."""
+"""The runtime's vocabulary: tool calls, their results, and the sandbox interface."""
 
 from __future__ import annotations
 
@@ -71,14 +71,4 @@ class Sandbox(Protocol):
 
     async def close(self) -> None:
         """Kill every process and remove every host resource the sandbox holds."""
-        ...
-
-
-class SandboxFactory(Protocol):
-    """Builds unstarted sandboxes (bwrap-isolated, or the unisolated development mode)."""
-
-    def new(self, preimport: bool) -> Sandbox: ...
-
-    async def cleanup_stale(self) -> None:
-        """Remove what a previous crashed run of this data directory left behind."""
         ...

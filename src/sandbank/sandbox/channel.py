@@ -1,0 +1,110 @@
+"""The host's end of a worker: the process, and length-prefixed JSON frames over its pipes.
+
+Everything read from a worker was written by a process user code controls: frames are
+size-capped and every read has a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import SandboxError
+
+log = logging.getLogger(__name__)
+_HEADER = struct.Struct(">I")
+
+
+class WorkerGone(Exception):
+    """The worker's pipe closed: it exited or was killed."""
+
+
+class WorkerProcess:
+    def __init__(self, proc: asyncio.subprocess.Process, max_frame: int) -> None:
+        self.proc = proc
+        self.max_frame = max_frame
+        self._stderr_tail = b""
+        self._stderr_task = asyncio.create_task(self._drain_stderr())
+
+    @classmethod
+    async def spawn(
+        cls, argv: Sequence[str], env: dict[str, str], pass_fds: Sequence[int], max_frame: int
+    ) -> WorkerProcess:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            pass_fds=tuple(pass_fds),
+            close_fds=True,
+            start_new_session=True,
+            limit=1 << 16,
+        )
+        return cls(proc, max_frame)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    async def _drain_stderr(self) -> None:
+        # bwrap's and the worker's own diagnostics: keep a short tail for error messages.
+        assert self.proc.stderr is not None
+        with contextlib.suppress(Exception):
+            while chunk := await self.proc.stderr.read(4096):
+                self._stderr_tail = (self._stderr_tail + chunk)[-4096:]
+
+    def diagnostics(self) -> str:
+        return self._stderr_tail.decode(errors="replace").strip()
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        data = json.dumps(msg).encode()
+        try:
+            self.proc.stdin.write(_HEADER.pack(len(data)) + data)
+            await self.proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError, RuntimeError) as e:
+            raise WorkerGone from e
+
+    async def recv(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        try:
+            head = await self.proc.stdout.readexactly(_HEADER.size)
+            (size,) = _HEADER.unpack(head)
+            if size > self.max_frame:
+                raise SandboxError(f"the sandbox sent an oversized reply ({size} bytes)")
+            body = await self.proc.stdout.readexactly(size)
+        except (asyncio.IncompleteReadError, ConnectionResetError) as e:
+            raise WorkerGone from e
+        try:
+            msg = json.loads(body)
+        except ValueError as e:
+            raise SandboxError("the sandbox sent a malformed reply") from e
+        if not isinstance(msg, dict):
+            raise SandboxError("the sandbox sent a malformed reply")
+        return msg
+
+    async def wait(self, timeout: float = 5.0) -> int | None:
+        try:
+            return await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            return None
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+
+    async def close(self) -> None:
+        self.kill()
+        await self.wait()
+        self._stderr_task.cancel()
+        with contextlib.suppress(BaseException):
+            await self._stderr_task
+        if self.proc.stdin is not None:
+            with contextlib.suppress(Exception):
+                self.proc.stdin.close()

@@ -1,0 +1,38 @@
+"""Matplotlib backend for the sandbox: Agg rendering; `show()` saves figures as PNG files."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from matplotlib.backend_bases import FigureManagerBase
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+FigureCanvas = FigureCanvasAgg
+FigureManager = FigureManagerBase
+
+WORKSPACE = os.environ.get("SANDBANK_WORKSPACE", "/workspace")
+
+
+def fresh_name(stem: str = "figure", suffix: str = ".png") -> str:
+    n = 1
+    while os.path.lexists(os.path.join(WORKSPACE, f"{stem}_{n}{suffix}")):
+        n += 1
+    return os.path.join(WORKSPACE, f"{stem}_{n}{suffix}")
+
+
+def save_all() -> list[str]:
+    """Save every open figure under a fresh name in the workspace, then close them."""
+    import matplotlib.pyplot as plt
+
+    saved = []
+    for num in plt.get_fignums():
+        path = fresh_name()
+        plt.figure(num).savefig(path)
+        saved.append(path)
+    plt.close("all")
+    return saved
+
+
+def show(*args: Any, **kwargs: Any) -> None:
+    save_all()

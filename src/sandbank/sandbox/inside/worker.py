@@ -1,0 +1,500 @@
+"""The process inside a sandbox: a persistent Python namespace, a persistent bash and the editor.
+
+Runs as the session's unprivileged user under the runtime's Python. Standard library only:
+it imports nothing from the server. It speaks length-prefixed JSON frames on the pipes it
+was started with (fd 0 in, fd 1 out); user code never sees those descriptors as 0, 1 or 2.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import linecache
+import os
+import queue
+import secrets
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import types
+from typing import Any
+
+WORKSPACE = os.environ.get("SANDBANK_WORKSPACE", "/workspace")
+SCAN_LIMIT = 20000
+_HEADER = struct.Struct(">I")
+_MAX_FRAME = 64 * 1024 * 1024
+
+
+# --- the control channel -------------------------------------------------------------------
+
+
+class Channel:
+    def __init__(self) -> None:
+        # Move the control pipes off 0/1 so user code and its children never inherit them.
+        self.rfd = os.dup(0)
+        self.wfd = os.dup(1)
+        os.set_inheritable(self.rfd, False)
+        os.set_inheritable(self.wfd, False)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+        self.lock = threading.Lock()
+
+    def _read_exact(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = os.read(self.rfd, n - len(buf))
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        return bytes(buf)
+
+    def recv(self) -> dict[str, Any]:
+        (size,) = _HEADER.unpack(self._read_exact(_HEADER.size))
+        if size > _MAX_FRAME:
+            raise EOFError
+        msg: dict[str, Any] = json.loads(self._read_exact(size))
+        return msg
+
+    def send(self, msg: dict[str, Any]) -> None:
+        data = json.dumps(msg).encode()
+        with self.lock:
+            os.write(self.wfd, _HEADER.pack(len(data)))
+            view = memoryview(data)
+            while view:
+                n = os.write(self.wfd, view)
+                view = view[n:]
+
+
+# --- output capture ----------------------------------------------------------------------
+
+
+class Collector(threading.Thread):
+    """Drains one pipe, keeping the first `limit` bytes and counting (not storing) the rest."""
+
+    def __init__(self, fd: int, limit: int) -> None:
+        super().__init__(daemon=True)
+        self.fd = fd
+        self.limit = limit
+        self.data = bytearray()
+        self.dropped = 0
+        self.start()
+
+    def run(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            room = self.limit - len(self.data)
+            if room > 0:
+                self.data += chunk[:room]
+            self.dropped += max(0, len(chunk) - max(room, 0))
+
+    def text(self) -> str:
+        out = self.data.decode("utf-8", errors="replace")
+        if self.dropped:
+            out += f"\n[output truncated: {self.dropped} more bytes not shown]\n"
+        return out
+
+
+class Capture:
+    """Points fds 1 and 2 at fresh pipes for the length of one call."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def __enter__(self) -> Capture:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.saved = (os.dup(1), os.dup(2))
+        self.collectors = []
+        for fd in (1, 2):
+            r, w = os.pipe()
+            os.dup2(w, fd)
+            os.close(w)
+            self.collectors.append(Collector(r, self.limit))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # noqa: S110 - user code may have broken its own streams
+            pass
+        os.dup2(self.saved[0], 1)
+        os.dup2(self.saved[1], 2)
+        os.close(self.saved[0])
+        os.close(self.saved[1])
+        # Background children may hold the pipes open: give them a moment, then move on.
+        for c in self.collectors:
+            c.join(timeout=0.05)
+        self.out, self.err = (c.text() for c in self.collectors)
+        for c in self.collectors:
+            if c.is_alive():
+                # Leave the reader draining; it ends when the last writer goes away.
+                continue
+            os.close(c.fd)
+
+
+# --- produced files ------------------------------------------------------------------------
+
+
+def scan(root: str = WORKSPACE) -> dict[str, tuple[int, int, int]]:
+    seen: dict[str, tuple[int, int, int]] = {}
+    stack = [""]
+    while stack and len(seen) < SCAN_LIMIT:
+        rel = stack.pop()
+        try:
+            entries = list(os.scandir(os.path.join(root, rel) if rel else root))
+        except OSError:
+            continue
+        for e in entries:
+            path = f"{rel}/{e.name}" if rel else e.name
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(path)
+            elif stat.S_ISREG(st.st_mode):
+                seen[path] = (st.st_mtime_ns, st.st_size, st.st_ino)
+    return seen
+
+
+def produced(before: dict[str, tuple[int, int, int]]) -> list[str]:
+    after = scan()
+    return sorted(p for p, sig in after.items() if before.get(p) != sig)
+
+
+# --- python ------------------------------------------------------------------------------
+
+
+class Interpreter:
+    def __init__(self) -> None:
+        self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+        self.cell = 0
+
+    def run(self, code: str) -> int:
+        self.cell += 1
+        filename = f"<cell {self.cell}>"
+        # Tracebacks show the offending line, as in a notebook.
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        try:
+            tree = ast.parse(code, filename, "exec")
+        except SyntaxError as e:
+            traceback.print_exception(type(e), e, None)
+            return 1
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
+        try:
+            exec(compile(tree, filename, "exec"), self.namespace)  # noqa: S102 - the product
+            if last is not None:
+                value = eval(compile(last, filename, "eval"), self.namespace)  # noqa: S307
+                if value is not None:
+                    print(repr(value))
+            return 0
+        except SystemExit as e:
+            if e.code is None:
+                return 0
+            if isinstance(e.code, int):
+                return e.code
+            print(e.code, file=sys.stderr)
+            return 1
+        except BaseException as e:
+            tb = e.__traceback__
+            # Drop our own frames: the user sees only their cell's.
+            while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+                tb = tb.tb_next
+            traceback.print_exception(type(e), e, tb)
+            return 130 if isinstance(e, KeyboardInterrupt) else 1
+        finally:
+            save_figures()
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except Exception:  # noqa: S110
+                pass
+
+
+def save_figures() -> None:
+    """Figures still open at the end of a call are saved and closed, as `plt.show()` does."""
+    if "matplotlib.pyplot" not in sys.modules:
+        return
+    try:
+        import sandbank_mplbackend
+
+        sandbank_mplbackend.save_all()
+    except Exception:
+        traceback.print_exc()
+
+
+# --- bash --------------------------------------------------------------------------------
+
+
+class Shell:
+    """One long-lived bash. Commands are sourced from a file so `cd`, exports and functions stay."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.dir = os.path.join("/tmp", f".sandbank-{secrets.token_hex(8)}")
+
+    def ensure(self) -> subprocess.Popen[bytes]:
+        if self.proc is not None and self.proc.poll() is None:
+            return self.proc
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        self.status_r, status_w = os.pipe()
+        self.out_r, out_w = os.pipe()
+        self.err_r, err_w = os.pipe()
+        self.status_fd = status_w  # the same number in bash, which writes each call's status to it
+        self.proc = subprocess.Popen(
+            ["bash", "--noprofile", "--norc"],
+            stdin=subprocess.PIPE,
+            stdout=out_w,
+            stderr=err_w,
+            pass_fds=(status_w,),
+            cwd=WORKSPACE,
+            start_new_session=True,
+        )
+        for fd in (status_w, out_w, err_w):
+            os.close(fd)
+        self.status_buf = b""
+        self._write("trap 'return 130 2>/dev/null' INT\n")
+        return self.proc
+
+    def _write(self, text: str) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(text.encode())
+        self.proc.stdin.flush()
+
+    def interrupt(self, sig: int = signal.SIGINT) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, sig)
+
+    def run(self, command: str, limit: int) -> tuple[str, str, int]:
+        proc = self.ensure()
+        nonce = secrets.token_hex(12)
+        script = os.path.join(self.dir, "cmd")
+        with open(script, "w") as f:
+            f.write(command)
+            if not command.endswith("\n"):
+                f.write("\n")
+        marker = f"__SANDBANK_{nonce}__"
+        with contextlib.suppress(BrokenPipeError):
+            self._write(
+                f"builtin source {script} </dev/null\n"
+                f"__sb_rc=$?; builtin printf '%s' {marker}; builtin printf '%s' {marker} >&2; "
+                f"builtin printf '{marker} %d\\n' $__sb_rc >&{self.status_fd}\n"
+            )
+        out = MarkedReader(self.out_r, marker.encode(), limit)
+        err = MarkedReader(self.err_r, marker.encode(), limit)
+        rc = self._wait_status(marker.encode())
+        if rc is None:  # the shell exited (`exit N`, or killed)
+            proc.wait()
+            rc = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+            out.stop_at_eof()
+            err.stop_at_eof()
+            self.proc = None
+            for fd in (self.status_r, self.out_r, self.err_r):
+                os.close(fd)
+        return out.text(), err.text(), rc
+
+    def _wait_status(self, marker: bytes) -> int | None:
+        while True:
+            line_end = self.status_buf.find(b"\n")
+            if line_end >= 0:
+                line, self.status_buf = self.status_buf[:line_end], self.status_buf[line_end + 1 :]
+                if line.startswith(marker + b" "):
+                    return int(line[len(marker) + 1 :])
+                continue
+            chunk = os.read(self.status_r, 4096)
+            if not chunk:
+                return None
+            self.status_buf += chunk
+
+
+class MarkedReader(threading.Thread):
+    """Reads one of bash's streams up to this call's marker, keeping at most `limit` bytes."""
+
+    def __init__(self, fd: int, marker: bytes, limit: int) -> None:
+        super().__init__(daemon=True)
+        self.fd, self.marker, self.limit = fd, marker, limit
+        self.data = bytearray()
+        self.dropped = 0
+        self.tail = b""
+        self.start()
+
+    def run(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            buf = self.tail + chunk
+            idx = buf.find(self.marker)
+            if idx >= 0:
+                self._keep(buf[:idx])
+                return
+            # Keep a marker-sized tail back in case the marker is split across reads.
+            keep = len(self.marker) - 1
+            self._keep(buf[:-keep] if keep else buf)
+            self.tail = buf[-keep:] if keep else b""
+
+    def _keep(self, data: bytes) -> None:
+        room = self.limit - len(self.data)
+        if room > 0:
+            self.data += data[:room]
+        self.dropped += max(0, len(data) - max(room, 0))
+
+    def stop_at_eof(self) -> None:
+        self.join(timeout=0.5)
+
+    def text(self) -> str:
+        self.join(timeout=0.5)
+        out = bytes(self.data).decode("utf-8", errors="replace")
+        if self.dropped:
+            out += f"\n[output truncated: {self.dropped} more bytes not shown]\n"
+        return out
+
+
+# --- the main loop ---------------------------------------------------------------------------
+
+
+class Worker:
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.interp = Interpreter()
+        self.shell = Shell()
+        self.requests: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.busy: str | None = None
+        self.main_thread = threading.main_thread().ident
+        import editor  # beside this file
+
+        self.editor = editor.Editor(WORKSPACE)
+
+    def reader(self) -> None:
+        # The only reader of the control pipe: interrupts act at once, the rest queue up.
+        try:
+            while True:
+                msg = self.channel.recv()
+                if msg.get("op") == "interrupt":
+                    self.interrupt(bool(msg.get("hard")))
+                else:
+                    self.requests.put(msg)
+        except (EOFError, OSError, ValueError):
+            self.requests.put(None)
+
+    def interrupt(self, hard: bool) -> None:
+        sig = signal.SIGKILL if hard else signal.SIGINT
+        if self.busy == "bash":
+            self.shell.interrupt(sig)
+        elif self.busy == "python":
+            # Children of the interpreter (os.system, subprocess) share our process group.
+            me = os.getpid()
+            for pid in _group_members(os.getpgid(0)):
+                if pid != me:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, sig)
+            if not hard and self.main_thread is not None:
+                signal.pthread_kill(self.main_thread, signal.SIGINT)
+
+    def serve(self) -> None:
+        threading.Thread(target=self.reader, daemon=True).start()
+        while True:
+            msg = self.requests.get()
+            if msg is None:
+                return
+            try:
+                reply = self.handle(msg)
+            except KeyboardInterrupt:
+                reply = {"stdout": "", "stderr": "KeyboardInterrupt\n", "return_code": 130}
+            self.channel.send(reply)
+
+    def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+        op = msg.get("op")
+        limit = int(msg.get("limit", 1 << 20))
+        if op == "ping":
+            return {"ok": True}
+        if op == "python":
+            before = scan()
+            self.busy = "python"
+            try:
+                with Capture(limit) as cap:
+                    rc = self.interp.run(str(msg["code"]))
+            finally:
+                self.busy = None
+            return {
+                "stdout": cap.out,
+                "stderr": cap.err,
+                "return_code": rc,
+                "files": produced(before),
+            }
+        if op == "bash":
+            before = scan()
+            self.busy = "bash"
+            try:
+                out, err, rc = self.shell.run(str(msg["command"]), limit)
+            finally:
+                self.busy = None
+            return {"stdout": out, "stderr": err, "return_code": rc, "files": produced(before)}
+        if op == "edit":
+            out, err, rc = self.editor.run(msg)
+            return {"stdout": out, "stderr": err, "return_code": rc, "files": []}
+        return {"stdout": "", "stderr": f"unknown op {op!r}\n", "return_code": 2, "files": []}
+
+
+def _group_members(pgid: int) -> list[int]:
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                pids.append(int(name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return pids
+
+
+def preimport() -> None:
+    import matplotlib.pyplot  # noqa: F401
+    import numpy  # noqa: F401
+    import pandas  # noqa: F401
+
+
+def main() -> None:
+    channel = Channel()
+    os.chdir(WORKSPACE)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.argv = [""]
+    if os.environ.get("SANDBANK_PREIMPORT") == "1":
+        try:
+            preimport()
+        except Exception:
+            traceback.print_exc()
+    # The namespace the user sees starts clean: drop what the worker itself defined.
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    worker = Worker(channel)
+    worker.interp.namespace = sys.modules["__main__"].__dict__
+    worker.interp.namespace["__builtins__"] = __builtins__
+    channel.send({"ready": True, "pid": os.getpid(), "t": time.time()})
+    worker.serve()
+
+
+if __name__ == "__main__":
+    main()

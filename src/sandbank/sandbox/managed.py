@@ -1,0 +1,272 @@
+"""What every sandbox backend shares: running calls against a worker, deadlines, crashes, restarts.
+
+A backend (bwrap, unisolated) only says how to acquire its resources, launch a worker and
+release everything; this module decides what a timeout, a crash or a destroy looks like to
+the caller. Any restart happens after the answer, never while a client waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import SandboxError
+from .base import (
+    RC_KILLED,
+    RC_TIMEOUT,
+    BashCall,
+    ExecResult,
+    PythonCall,
+    ToolCall,
+)
+from .channel import WorkerGone, WorkerProcess
+
+log = logging.getLogger(__name__)
+
+HARD_GRACE = 1.0  # after a hard interrupt of the shell, before the whole worker is killed
+READY_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_bytes: int
+    pids: int
+    cpus: float
+    disk_bytes: int
+    tmp_bytes: int
+    open_files: int
+    output_bytes: int
+    grace: float
+
+
+def to_message(call: ToolCall) -> dict[str, Any]:
+    if isinstance(call, PythonCall):
+        return {"op": "python", "code": call.code}
+    if isinstance(call, BashCall):
+        return {"op": "bash", "command": call.command}
+    msg: dict[str, Any] = {"op": "edit", "command": call.command, "path": call.path}
+    for key in ("file_text", "old_str", "new_str", "insert_line"):
+        value = getattr(call, key)
+        if value is not None:
+            msg[key] = value
+    if call.view_range is not None:
+        msg["view_range"] = list(call.view_range)
+    return msg
+
+
+class ManagedSandbox(ABC):
+    def __init__(self, sandbox_id: str, limits: Limits, preimport: bool) -> None:
+        self.id = sandbox_id
+        self.uid = 0
+        self.limits = limits
+        self.preimport = preimport
+        self._worker: WorkerProcess | None = None
+        self._restart: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self.restarts = 0
+
+    # --- what a backend provides ---------------------------------------------------------
+    @property
+    @abstractmethod
+    def workspace(self) -> Path: ...
+
+    @abstractmethod
+    async def _acquire(self) -> None:
+        """Claim host resources (uid, cgroups, disk)."""
+
+    @abstractmethod
+    async def _launch(self) -> WorkerProcess:
+        """Start a worker on the sandbox's resources."""
+
+    @abstractmethod
+    async def _kill_everything(self) -> None:
+        """Kill every process of the sandbox, the worker included."""
+
+    @abstractmethod
+    async def _release(self) -> None:
+        """Free host resources; called once, after every process is dead."""
+
+    def _death_cause(self, exit_status: int | None) -> tuple[str, int]:
+        """Explain why the worker died: (message, return code)."""
+        if exit_status is None:
+            return "the interpreter stopped responding and was killed", RC_KILLED
+        if exit_status < 0 or exit_status > 128:
+            sig = -exit_status if exit_status < 0 else exit_status - 128
+            names = {9: "SIGKILL", 11: "segmentation fault (SIGSEGV)", 6: "SIGABRT", 15: "SIGTERM"}
+            return f"killed by {names.get(sig, f'signal {sig}')}", 128 + sig
+        return f"the interpreter exited with code {exit_status}", exit_status
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self._acquire()
+        try:
+            self._worker = await self._start_worker()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start_worker(self) -> WorkerProcess:
+        worker = await self._launch()
+        try:
+            hello = await asyncio.wait_for(worker.recv(), READY_TIMEOUT)
+        except (TimeoutError, WorkerGone, SandboxError) as e:
+            diag = worker.diagnostics()
+            await worker.close()
+            raise SandboxError(f"the sandbox failed to start: {diag or e!r}") from e
+        if not hello.get("ready"):
+            await worker.close()
+            raise SandboxError("the sandbox failed to start: no ready signal")
+        return worker
+
+    def _schedule_restart(self) -> None:
+        if self._closed or (self._restart and not self._restart.done()):
+            return
+        self._worker = None
+        self._restart = asyncio.create_task(self._do_restart())
+
+    async def _do_restart(self) -> None:
+        await self._kill_everything()
+        self.restarts += 1
+        self._worker = await self._start_worker()
+
+    async def _ready_worker(self) -> WorkerProcess:
+        if self._restart is not None:
+            task, self._restart = self._restart, None
+            await task
+        if self._worker is None:
+            self._worker = await self._start_worker()
+        return self._worker
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._restart is not None:
+            self._restart.cancel()
+        try:
+            await self._kill_everything()
+            if self._worker is not None:
+                await self._worker.close()
+        finally:
+            await self._release()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def worker_pid(self) -> int | None:
+        return self._worker.pid if self._worker is not None else None
+
+    # --- calls -------------------------------------------------------------------------------
+    async def execute(self, call: ToolCall, deadline: float) -> ExecResult:
+        started = time.monotonic()
+        async with self._lock:
+            if self._closed:
+                return _result_of_destroyed(started)
+            try:
+                worker = await self._ready_worker()
+            except SandboxError as e:
+                return ExecResult(stderr=f"{e.message}\n", return_code=RC_KILLED)
+            msg = to_message(call)
+            msg["limit"] = self.limits.output_bytes
+            reply = await self._exchange(worker, msg, deadline, call)
+        reply.duration_ms = int((time.monotonic() - started) * 1000)
+        return reply
+
+    async def _exchange(
+        self, worker: WorkerProcess, msg: dict[str, Any], deadline: float, call: ToolCall
+    ) -> ExecResult:
+        timeout = max(0.0, deadline - time.monotonic())
+        oom_before = self._oom_count()
+        try:
+            await worker.send(msg)
+            try:
+                return _parse(await asyncio.wait_for(worker.recv(), timeout))
+            except TimeoutError:
+                return await self._on_timeout(worker, call, deadline)
+        except WorkerGone:
+            return await self._on_death(worker, oom_before)
+
+    async def _on_timeout(
+        self, worker: WorkerProcess, call: ToolCall, deadline: float
+    ) -> ExecResult:
+        await worker.send({"op": "interrupt"})
+        try:
+            res = _parse(await asyncio.wait_for(worker.recv(), self.limits.grace))
+            res.stderr += "\n[sandbank] timed out: interrupted; the session's state is kept\n"
+            res.return_code = RC_TIMEOUT
+            return res
+        except TimeoutError:
+            pass
+        if isinstance(call, BashCall):
+            # The shell ignored SIGINT: kill its command group, keep the Python interpreter.
+            await worker.send({"op": "interrupt", "hard": True})
+            try:
+                res = _parse(await asyncio.wait_for(worker.recv(), HARD_GRACE))
+                res.stderr += (
+                    "\n[sandbank] timed out: the command ignored SIGINT and was "
+                    "killed; the shell was restarted (its variables and directory are reset)\n"
+                )
+                res.return_code = RC_TIMEOUT
+                return res
+            except TimeoutError:
+                pass
+        self._schedule_restart()
+        return ExecResult(
+            stderr=(
+                "[sandbank] timed out: the code did not stop when interrupted, so the "
+                "interpreter was killed and restarted; its state (variables, imports) was lost. "
+                "Files in the workspace are kept.\n"
+            ),
+            return_code=RC_TIMEOUT,
+        )
+
+    async def _on_death(self, worker: WorkerProcess, oom_before: int) -> ExecResult:
+        if self._closed:
+            return _result_of_destroyed(time.monotonic())
+        status = await worker.wait(timeout=2.0)
+        if self._oom_count() > oom_before:
+            mib = self.limits.memory_bytes // (1024 * 1024)
+            limit = f"{mib // 1024} GiB" if mib % 1024 == 0 else f"{mib} MiB"
+            cause, rc = f"killed: memory limit of {limit} exceeded", RC_KILLED
+        else:
+            cause, rc = self._death_cause(status)
+        self._schedule_restart()
+        return ExecResult(
+            stderr=(
+                f"[sandbank] {cause}. The interpreter's state (variables, imports) was lost; "
+                "the next call starts a fresh interpreter on the same workspace.\n"
+            ),
+            return_code=rc,
+        )
+
+    def _oom_count(self) -> int:
+        return 0
+
+
+def _parse(reply: dict[str, Any]) -> ExecResult:
+    try:
+        files = [str(f) for f in reply.get("files") or []]
+        return ExecResult(
+            stdout=str(reply.get("stdout") or ""),
+            stderr=str(reply.get("stderr") or ""),
+            return_code=int(reply.get("return_code") or 0),
+            files=files,
+        )
+    except (TypeError, ValueError) as e:
+        raise SandboxError("the sandbox sent a malformed reply") from e
+
+
+def _result_of_destroyed(started: float) -> ExecResult:
+    return ExecResult(
+        stderr="[sandbank] the session was destroyed while this call was running\n",
+        return_code=RC_KILLED,
+        duration_ms=int((time.monotonic() - started) * 1000),
+    )

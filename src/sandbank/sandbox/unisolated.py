@@ -1,0 +1,63 @@
+"""The UNISOLATED development backend: the worker runs as a plain child process, with no limits.
+
+Only for machines where bubblewrap or cgroups cannot run, chosen explicitly with
+SANDBANK_ISOLATION=none; the server logs a loud warning at start-up. Code can read the
+host's files and reach the network. The environment is still built fresh (no secrets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+from .bwrap import INSIDE_DIR, MAX_FRAME
+from .channel import WorkerProcess
+from .managed import Limits, ManagedSandbox
+
+
+class UnisolatedSandbox(ManagedSandbox):
+    def __init__(
+        self, sandbox_id: str, *, base_dir: Path, runtime_dir: Path, limits: Limits, preimport: bool
+    ) -> None:
+        super().__init__(sandbox_id, limits, preimport)
+        self.dir = base_dir / sandbox_id
+        self.runtime_dir = runtime_dir
+
+    @property
+    def workspace(self) -> Path:
+        return self.dir / "ws"
+
+    async def _acquire(self) -> None:
+        self.workspace.mkdir(parents=True, mode=0o700)
+
+    async def _launch(self) -> WorkerProcess:
+        python = self.runtime_dir / "bin" / "python3"
+        if not python.exists():
+            python = Path(sys.executable)
+        ws = str(self.workspace)
+        env = {
+            "PATH": f"{self.runtime_dir}/bin:/usr/local/bin:/usr/bin:/bin",
+            "HOME": ws,
+            "LANG": "C.UTF-8",
+            "SANDBANK_WORKSPACE": ws,
+            "SANDBANK_PREIMPORT": "1" if self.preimport else "0",
+            "MPLBACKEND": "module://sandbank_mplbackend",
+            "MPLCONFIGDIR": str(self.dir / ".matplotlib"),
+            "PYTHONPATH": str(INSIDE_DIR / "mpl"),
+        }
+        argv = [str(python), "-s", str(INSIDE_DIR / "worker.py")]
+        return await WorkerProcess.spawn(argv, env=env, pass_fds=[], max_frame=MAX_FRAME)
+
+    async def _kill_everything(self) -> None:
+        if self._worker is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._worker.pid, signal.SIGKILL)  # the worker and its children
+            await self._worker.wait(timeout=2.0)
+
+    async def _release(self) -> None:
+        await asyncio.to_thread(shutil.rmtree, self.dir, True)
