@@ -125,3 +125,33 @@ class Settings(BaseSettings):
     list_files_max: int = Field(
         1000, ge=1, description="Most entries one ListFiles answer returns."
     )
+
+    # --- storage: database and objects -------------------------------------------------------
+    database_url: SecretStr = Field(
+        SecretStr(""),
+        description="SQLAlchemy URL of the database (`postgresql+psycopg://user:pw@host/db` "
+        "or `sqlite:///path`); empty means the SQLite file DATA_DIR/sandbank.db.",
+    )
+    storage_url: str = Field(
+        "",
+        description="Where uploaded and produced files live: empty for DATA_DIR/objects, "
+        "`s3://bucket/prefix` for S3, `memory://` for tests.",
+    )
+    s3_endpoint_url: str = Field(
+        "", description="S3 endpoint for S3-compatible services (MinIO, ...); empty for AWS."
+    )
+    s3_region: str = Field("", description="S3 region; empty uses the AWS default chain.")
+    s3_access_key_id: SecretStr = Field(
+        SecretStr(""), description="S3 access key id; empty uses the AWS credential chain."
+    )
+    s3_secret_access_key: SecretStr = Field(
+        SecretStr(""), description="S3 secret access key; empty uses the AWS credential chain."
+    )
+    signing_key: SecretStr = Field(
+        SecretStr(""),
+        description="HMAC key signing local upload/download URLs; empty means a random key "
+        "created once at DATA_DIR/signing.key (mode 0600).",
+    )
+    presigned_url_expiry_seconds: int = Field(
+        900, ge=1, description="How long presigned upload and download URLs stay valid."
+    )

@@ -1,0 +1,91 @@
+"""An in-memory `ObjectStore` for tests, signing URLs like the local store."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from pathlib import Path
+from typing import BinaryIO
+
+import anyio.to_thread
+
+from sandbank.errors import NotFound, PayloadTooLarge
+from sandbank.files.base import CHUNK_SIZE, PresignedPost, check_key
+from sandbank.files.signing import UrlSigner
+
+
+class MemoryObjectStore:
+    def __init__(self, signer: UrlSigner | None = None) -> None:
+        self._signer = signer or UrlSigner(b"memory-store-key", "http://testserver")
+        self._objects: dict[str, bytes] = {}
+
+    async def put(self, key: str, source: BinaryIO | Path, size: int | None = None) -> None:
+        check_key(key)
+        if isinstance(source, Path):
+            self._objects[key] = await anyio.to_thread.run_sync(source.read_bytes)
+        else:
+            self._objects[key] = await anyio.to_thread.run_sync(source.read)
+
+    def _get(self, key: str) -> bytes:
+        check_key(key)
+        try:
+            return self._objects[key]
+        except KeyError:
+            raise NotFound(f"no object {key}") from None
+
+    async def open(self, key: str) -> AsyncIterator[bytes]:
+        data = self._get(key)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for start in range(0, len(data), CHUNK_SIZE):
+                yield data[start : start + CHUNK_SIZE]
+
+        return chunks()
+
+    async def size(self, key: str) -> int | None:
+        check_key(key)
+        data = self._objects.get(key)
+        return None if data is None else len(data)
+
+    async def copy_to(self, key: str, dest: Path) -> int:
+        data = self._get(key)
+        await anyio.to_thread.run_sync(dest.write_bytes, data)
+        return len(data)
+
+    async def delete(self, key: str) -> None:
+        check_key(key)
+        self._objects.pop(key, None)
+
+    async def delete_prefix(self, prefix: str) -> int:
+        doomed = [k for k in self._objects if k.startswith(prefix)]
+        for key in doomed:
+            del self._objects[key]
+        return len(doomed)
+
+    async def presign_post(self, key: str, max_size: int, expires_s: int) -> PresignedPost:
+        check_key(key)
+        return self._signer.upload_form(key, max_size, expires_s)
+
+    async def presign_get(self, key: str, filename: str, expires_s: int) -> str:
+        check_key(key)
+        return self._signer.download_url(key, filename, expires_s)
+
+    async def close(self) -> None:
+        pass
+
+    def verify_upload(self, fields: Mapping[str, str]) -> tuple[str, int]:
+        return self._signer.verify_upload(fields)
+
+    def verify_download(self, query: Mapping[str, str]) -> tuple[str, str]:
+        return self._signer.verify_download(query)
+
+    async def receive_upload(self, key: str, chunks: AsyncIterable[bytes], max_size: int) -> int:
+        check_key(key)
+        parts: list[bytes] = []
+        received = 0
+        async for chunk in chunks:
+            received += len(chunk)
+            if received > max_size:
+                raise PayloadTooLarge(f"upload exceeds {max_size} bytes")
+            parts.append(chunk)
+        self._objects[key] = b"".join(parts)
+        return received

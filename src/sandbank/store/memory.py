@@ -1,0 +1,206 @@
+"""An in-memory `Store` for tests and throwaway servers: same behaviour, nothing persisted."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+
+from sandbank.errors import Conflict, NotFound, SessionNotFound
+from sandbank.store.base import (
+    ApiKey,
+    FileRecord,
+    Message,
+    Origin,
+    Role,
+    Session,
+    SessionStatus,
+    User,
+    hash_secret,
+    new_key_id,
+    new_secret,
+    next_timestamp,
+)
+
+# Every method runs to completion without awaiting, so on one event loop each is atomic:
+# that is this fake's "transaction".
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self._users: dict[str, User] = {}  # by id
+        self._keys: dict[str, tuple[ApiKey, str]] = {}  # by key id: (key, secret hash)
+        self._sessions: dict[str, Session] = {}
+        self._messages: dict[str, list[Message]] = {}
+        self._files: dict[tuple[str, str], FileRecord] = {}
+
+    async def close(self) -> None:
+        pass
+
+    # --- users and API keys ----------------------------------------------------------------
+    def _user_named(self, name: str) -> User | None:
+        return next((u for u in self._users.values() if u.name == name), None)
+
+    async def create_user(self, name: str) -> User:
+        if self._user_named(name) is not None:
+            raise Conflict(f"user {name!r} exists")
+        user = User(id=str(uuid.uuid4()), name=name, created_at=time.time())
+        self._users[user.id] = user
+        return user
+
+    async def get_user(self, name: str) -> User | None:
+        return self._user_named(name)
+
+    async def get_user_by_id(self, user_id: str) -> User | None:
+        return self._users.get(user_id)
+
+    async def delete_user(self, name: str) -> list[str]:
+        user = self._user_named(name)
+        if user is None:
+            raise NotFound(f"no user {name!r}")
+        ids = [s.id for s in self._sessions.values() if s.user_id == user.id]
+        for sid in ids:
+            self._drop_session(sid)
+        self._keys = {k: v for k, v in self._keys.items() if v[0].user_id != user.id}
+        del self._users[user.id]
+        return ids
+
+    async def create_key(self, user_name: str) -> tuple[ApiKey, str]:
+        user = self._user_named(user_name)
+        if user is None:
+            raise NotFound(f"no user {user_name!r}")
+        secret = new_secret()
+        key = ApiKey(new_key_id(), user.id, user.name, time.time())
+        self._keys[key.id] = (key, hash_secret(secret))
+        return key, secret
+
+    async def list_keys(self, user_name: str | None = None) -> list[ApiKey]:
+        keys = [k for k, _ in self._keys.values()]
+        if user_name is not None:
+            keys = [k for k in keys if k.user_name == user_name]
+        return sorted(keys, key=lambda k: k.created_at)
+
+    async def revoke_key(self, key_id: str) -> None:
+        if key_id not in self._keys:
+            raise NotFound(f"no key {key_id!r}")
+        key, digest = self._keys[key_id]
+        if key.revoked_at is None:
+            self._keys[key_id] = (dataclasses.replace(key, revoked_at=time.time()), digest)
+
+    async def authenticate(self, secret: str) -> User | None:
+        digest = hash_secret(secret)
+        for key, stored in self._keys.values():
+            if stored == digest and not key.revoked:
+                return self._users.get(key.user_id)
+        return None
+
+    # --- sessions ----------------------------------------------------------------------------
+    async def create_session(self, user_id: str, ttl_seconds: float) -> Session:
+        if user_id not in self._users:
+            raise NotFound(f"no user with id {user_id!r}")
+        now = time.time()
+        session = Session(str(uuid.uuid4()), user_id, "DONE", None, now, now + ttl_seconds)
+        self._sessions[session.id] = session
+        self._messages[session.id] = []
+        return session
+
+    async def get_session(self, session_id: str) -> Session | None:
+        return self._sessions.get(session_id)
+
+    async def list_sessions(self, user_id: str) -> list[Session]:
+        mine = [s for s in self._sessions.values() if s.user_id == user_id]
+        return sorted(mine, key=lambda s: s.created_at, reverse=True)
+
+    def _drop_session(self, session_id: str) -> None:
+        del self._sessions[session_id]
+        del self._messages[session_id]
+        self._files = {k: v for k, v in self._files.items() if k[0] != session_id}
+
+    async def delete_session(self, session_id: str) -> bool:
+        if session_id not in self._sessions:
+            return False
+        self._drop_session(session_id)
+        return True
+
+    def _session(self, session_id: str) -> Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise SessionNotFound(f"no session {session_id}") from None
+
+    async def try_start_run(self, session_id: str, status_message: str | None) -> bool:
+        session = self._session(session_id)
+        if session.status == "PENDING":
+            return False
+        self._sessions[session_id] = dataclasses.replace(
+            session, status="PENDING", status_message=status_message
+        )
+        return True
+
+    async def set_status(
+        self, session_id: str, status: SessionStatus, message: str | None = None
+    ) -> None:
+        session = self._session(session_id)
+        self._sessions[session_id] = dataclasses.replace(
+            session, status=status, status_message=message
+        )
+
+    async def fail_pending_runs(self, message: str) -> list[str]:
+        ids = [s.id for s in self._sessions.values() if s.status == "PENDING"]
+        for sid in ids:
+            await self.set_status(sid, "ERROR", message)
+        return ids
+
+    async def expired_sessions(self, now: float) -> list[str]:
+        return [s.id for s in self._sessions.values() if s.ttl <= now]
+
+    async def count_sessions(self, user_id: str) -> int:
+        return sum(1 for s in self._sessions.values() if s.user_id == user_id)
+
+    async def count_pending(self, user_id: str | None = None) -> int:
+        return sum(
+            1
+            for s in self._sessions.values()
+            if s.status == "PENDING" and (user_id is None or s.user_id == user_id)
+        )
+
+    # --- messages ----------------------------------------------------------------------------
+    async def add_message(
+        self, session_id: str, role: Role, content: str, internal: bool = False
+    ) -> Message:
+        self._session(session_id)
+        log = self._messages[session_id]
+        stamp = next_timestamp(log[-1].timestamp if log else None)
+        message = Message(session_id, stamp, role, content, internal)
+        log.append(message)
+        return message
+
+    async def list_messages(self, session_id: str, after: float | None = None) -> list[Message]:
+        log = self._messages.get(session_id, [])
+        return [m for m in log if after is None or m.timestamp > after]
+
+    # --- file records ------------------------------------------------------------------------
+    async def upsert_file(
+        self, session_id: str, filename: str, size: int, origin: Origin
+    ) -> FileRecord:
+        self._session(session_id)
+        record = FileRecord(session_id, filename, size, origin, time.time())
+        self._files[(session_id, filename)] = record
+        return record
+
+    async def list_files(self, session_id: str) -> list[FileRecord]:
+        return sorted(
+            (f for f in self._files.values() if f.session_id == session_id),
+            key=lambda f: f.filename,
+        )
+
+    async def get_file(self, session_id: str, filename: str) -> FileRecord | None:
+        return self._files.get((session_id, filename))
+
+    async def delete_file(self, session_id: str, filename: str) -> bool:
+        return self._files.pop((session_id, filename), None) is not None
+
+    async def user_stored_bytes(self, user_id: str) -> int:
+        return sum(
+            f.size for f in self._files.values() if self._sessions[f.session_id].user_id == user_id
+        )

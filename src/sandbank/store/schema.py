@@ -1,0 +1,64 @@
+"""The database tables as SQLAlchemy Core sees them (migrations own their creation)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+users = sa.Table(
+    "users",
+    metadata,
+    sa.Column("id", sa.String(36), primary_key=True),
+    sa.Column("name", sa.String(200), nullable=False, unique=True),
+    sa.Column("created_at", sa.Double(), nullable=False),
+)
+
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("user_id", sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("secret_hash", sa.String(64), nullable=False, unique=True),
+    sa.Column("created_at", sa.Double(), nullable=False),
+    sa.Column("revoked_at", sa.Double(), nullable=True),
+)
+
+sessions = sa.Table(
+    "sessions",
+    metadata,
+    sa.Column("id", sa.String(36), primary_key=True),
+    sa.Column("user_id", sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("status_message", sa.Text(), nullable=True),
+    sa.Column("created_at", sa.Double(), nullable=False),
+    sa.Column("ttl", sa.Double(), nullable=False),
+    # The latest message timestamp, read under the session's row lock to order the next one.
+    sa.Column("last_message_at", sa.Double(), nullable=True),
+)
+
+messages = sa.Table(
+    "messages",
+    metadata,
+    sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
+    sa.Column("session_id", sa.ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("timestamp", sa.Double(), nullable=False),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("content", sa.Text(), nullable=False),
+    sa.Column("internal", sa.Boolean(), nullable=False),
+    sa.UniqueConstraint("session_id", "timestamp", name="uq_messages_session_timestamp"),
+)
+
+files = sa.Table(
+    "files",
+    metadata,
+    sa.Column(
+        "session_id",
+        sa.ForeignKey("sessions.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("filename", sa.String(1024), primary_key=True),
+    sa.Column("size", sa.BigInteger(), nullable=False),
+    sa.Column("origin", sa.String(16), nullable=False),
+    sa.Column("updated_at", sa.Double(), nullable=False),
+)
