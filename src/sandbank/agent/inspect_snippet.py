@@ -82,8 +82,9 @@ def _sandbank_inspect(root, marker, max_files=40, max_bytes=65536, max_out=12000
 
     def json_lines(path):
         lines = [line for line in head(path).splitlines()[:4] if line.strip()][:3]
-        items = [json.loads(line) for line in lines]
-        return summarize_json(items) | {"kind": "json lines"}
+        facts = summarize_json([json.loads(line) for line in lines])
+        facts.pop("length", None)  # only the first lines were read
+        return facts | {"kind": "json lines"}
 
     readers = {".csv": lambda p, s: delimited(p, ","), ".tsv": lambda p, s: delimited(p, "\t"),
                ".xlsx": excel, ".xlsm": excel, ".parquet": lambda p, s: parquet(p),

@@ -75,6 +75,8 @@ def _describe(info: FileInfo, facts: dict[str, Any] | None) -> list[str]:
         extras.append(f"{facts['row_count']} rows")
     if "length" in facts:
         extras.append(f"a JSON list of {facts['length']} items")
+    if facts.get("kind") == "json lines":
+        extras.append("JSON lines")
     if facts.get("kind") == "object":
         extras.append("a JSON object with keys " + ", ".join(map(str, facts.get("keys", []))))
     for key in ("note", "error"):
