@@ -49,7 +49,7 @@ class FakeWorkbench:
         self.namespace["print"] = print_
         self.namespace["WORKSPACE"] = str(self.root)
         try:
-            exec(compile(code, "<cell>", "exec"), self.namespace)
+            exec(compile(code, "<cell>", "exec"), self.namespace)  # noqa: S102  # the fake is in-process by design
         except BaseException:
             err.write(traceback.format_exc())
             return out.getvalue(), err.getvalue(), 1

@@ -51,7 +51,7 @@ def test_older_tool_outputs_are_shortened_first() -> None:
 
 
 def test_oldest_turns_are_dropped_when_shortening_is_not_enough() -> None:
-    history = one_turn(1, "a" * 5000) + [HistoryMessage("user", "q" * 3000, False)]
+    history = [*one_turn(1, "a" * 5000), HistoryMessage("user", "q" * 3000, False)]
     history += one_turn(2, "b" * 5000)
     messages = replay(history, budget_chars=1000, tool_output_chars=20_000)
     assert UserMessage("question 1") not in messages

@@ -12,8 +12,15 @@ import pytest
 from sandbank.agent import loop
 from sandbank.agent.interfaces import HistoryMessage
 from sandbank.agent.loop import RunLimits, TurnResult, run_turn
-from sandbank.agent.model import ChatMessage, ModelReply, SystemMessage, ToolResultMessage, ToolSpec
-from sandbank.agent.model import Usage, UserMessage
+from sandbank.agent.model import (
+    ChatMessage,
+    ModelReply,
+    SystemMessage,
+    ToolResultMessage,
+    ToolSpec,
+    Usage,
+    UserMessage,
+)
 from sandbank.agent.records import TOOL_RECORD_SCHEMA, TRACE_RECORD_SCHEMA, ToolRecord
 from sandbank.agent.scripted import ScriptedModel, answer, call_tool, run_python
 from sandbank.errors import RunCancelled, RunLimitReached
@@ -89,9 +96,7 @@ async def test_records_match_the_published_schemas(
 async def test_the_interpreter_persists_and_errors_reach_the_model(
     workbench: FakeWorkbench, sink: RecordingSink
 ) -> None:
-    model = ScriptedModel(
-        [run_python("x = 5"), run_python("print(x); 1 / 0"), answer("x was 5")]
-    )
+    model = ScriptedModel([run_python("x = 5"), run_python("print(x); 1 / 0"), answer("x was 5")])
     result = await turn(model, workbench, sink)
     assert result.status == "done"
     seen = tool_results(model.calls[2][0])[-1].content
@@ -172,10 +177,14 @@ def always_python(messages: list[ChatMessage], tools: list[ToolSpec]) -> ModelRe
 async def test_the_step_limit_ends_the_run_as_an_error_naming_it(
     workbench: FakeWorkbench, sink: RecordingSink
 ) -> None:
-    result = await turn(ScriptedModel(always_python), workbench, sink, limits=RunLimits(max_steps=3))
+    result = await turn(
+        ScriptedModel(always_python), workbench, sink, limits=RunLimits(max_steps=3)
+    )
     assert result.status == "error"
     assert isinstance(result.error, RunLimitReached) and result.error.limit == "agent_max_steps"
-    assert "step limit" in result.error.message and "SANDBANK_AGENT_MAX_STEPS" in result.error.message
+    assert (
+        "step limit" in result.error.message and "SANDBANK_AGENT_MAX_STEPS" in result.error.message
+    )
     assert len(sink.of("tool")) == 3 and len(sink.of("trace")) == 3  # what was done is kept
     assert sink.statuses[-1] == f"error: {result.error.message}"
 
@@ -230,7 +239,9 @@ async def test_a_workbench_that_ignores_its_timeout_is_abandoned(
 ) -> None:
     monkeypatch.setattr(loop, "TOOL_TIMEOUT_GRACE_S", 0.1)
     model = ScriptedModel([run_python("print(1)"), answer("never")])
-    result = await turn(model, HangingWorkbench(tmp_path), sink, limits=RunLimits(tool_timeout_s=0.2))
+    result = await turn(
+        model, HangingWorkbench(tmp_path), sink, limits=RunLimits(tool_timeout_s=0.2)
+    )
     assert isinstance(result.error, RunLimitReached)
     assert result.error.limit == "agent_tool_timeout_seconds"
 

@@ -36,9 +36,7 @@ def test_three_tools_are_offered_with_object_schemas() -> None:
             EditorCall("create", "a", file_text="x"),
         ),
         (
-            request(
-                "str_replace_based_edit_tool", command="str_replace", path="a", old_str="x"
-            ),
+            request("str_replace_based_edit_tool", command="str_replace", path="a", old_str="x"),
             EditorCall("str_replace", "a", old_str="x", new_str=""),
         ),
         (
