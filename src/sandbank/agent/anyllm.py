@@ -1,10 +1,4 @@
-"""The `Model` over any-llm-sdk: `provider:model` strings, bounded retries, the offline guard.
-
-Offline guard: with `llm_offline` (SANDBANK_LLM_OFFLINE=1, set by the tests' conftest) the
-adapter refuses to be built for any endpoint that is not a loopback address, and a provider's
-default endpoint counts as remote; `test_real_llm` (SANDBANK_TEST_REAL_LLM=1) lifts it. The
-check runs when the model is built, before any request, so no code path can reach a real LLM.
-"""
+"""The `Model` over any-llm-sdk: `provider:model` strings, bounded retries, the offline guard."""
 
 from __future__ import annotations
 
@@ -51,7 +45,13 @@ def is_loopback_url(url: str) -> bool:
 
 
 def check_endpoint(settings: Settings, url: str) -> None:
-    """Refuse a non-loopback endpoint (or a provider default) when running offline."""
+    """Refuse a non-loopback endpoint (or a provider default) when running offline.
+
+    With `llm_offline` (SANDBANK_LLM_OFFLINE=1, set by the tests' conftest) the model cannot be
+    built for an endpoint that is not a loopback address, and a provider's default endpoint
+    counts as remote; `test_real_llm` (SANDBANK_TEST_REAL_LLM=1) lifts it. It runs when the
+    model is built, before any request, so no code path reaches a real LLM by accident.
+    """
     if not settings.llm_offline or settings.test_real_llm:
         return
     if not url:

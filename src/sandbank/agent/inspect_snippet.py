@@ -1,11 +1,9 @@
-"""The Python snippet run INSIDE the sandbox to preview the session's files; prints one JSON line.
-
-It is code sent to the sandbox, not imported by the server: the server never parses user files.
-Every read is bounded, every file is handled in its own try/except, and the output is capped.
-"""
+"""The Python snippet run INSIDE the sandbox to preview the session's files as one JSON line."""
 
 from __future__ import annotations
 
+# This is code sent to the sandbox, never run by the server: the server does not parse user
+# files. Every read is bounded, each file has its own try/except, and the output is capped.
 MARKER = "SANDBANK_FILES_JSON:"
 
 _SOURCE = r"""

@@ -1,9 +1,4 @@
-"""The JSON content of the agent's internal `tool` and `trace` messages, with published schemas.
-
-A `tool` message records one tool call: what the model asked for and what the sandbox did.
-A `trace` message records one model call: which model, tokens spent, latency.
-The interpreter API publishes `TOOL_RECORD_SCHEMA` and `TRACE_RECORD_SCHEMA` for clients.
-"""
+"""The JSON content of the agent's internal `tool` and `trace` messages, and their schemas."""
 
 from __future__ import annotations
 
@@ -55,5 +50,6 @@ class TraceRecord(BaseModel):
     tool_calls: int = Field(description="How many tool calls the reply asked for.")
 
 
+# Published by the interpreter API so clients can read `tool` and `trace` messages.
 TOOL_RECORD_SCHEMA: dict[str, Any] = ToolRecord.model_json_schema()
 TRACE_RECORD_SCHEMA: dict[str, Any] = TraceRecord.model_json_schema()
