@@ -155,3 +155,75 @@ class Settings(BaseSettings):
     presigned_url_expiry_seconds: int = Field(
         900, ge=1, description="How long presigned upload and download URLs stay valid."
     )
+
+    # --- agent (the interpreter API's LLM loop) ---------------------------------------------
+    llm_model: str = Field(
+        "",
+        description="The model the agent uses, as `provider:model` (e.g. `openai:gpt-4.1-mini`, "
+        "`anthropic:claude-sonnet-4-5`, `ollama:qwen2.5-coder`). Empty: the agent is off and "
+        "questions are refused with 503.",
+    )
+    llm_base_url: str = Field(
+        "",
+        description="Endpoint of the model's API, e.g. any OpenAI-compatible server "
+        "(`http://127.0.0.1:8000/v1`); empty means the provider's usual endpoint.",
+    )
+    llm_api_key: SecretStr = Field(
+        SecretStr(""),
+        description="API key for the model's provider; empty means the provider's usual "
+        "variable (OPENAI_API_KEY, ANTHROPIC_API_KEY, ...).",
+    )
+    llm_offline: bool = Field(
+        False,
+        description="Refuse every model endpoint that is not on loopback (tests set it so "
+        "they can never reach a real LLM); `SANDBANK_TEST_REAL_LLM=1` lifts it.",
+    )
+    test_real_llm: bool = Field(
+        False,
+        description="Lets the optional `real_llm` tests reach the configured model despite "
+        "`llm_offline`.",
+    )
+    llm_timeout_seconds: float = Field(
+        120.0, gt=0, description="Timeout of one request to the model (seconds)."
+    )
+    llm_max_retries: int = Field(
+        4, ge=0, le=10, description="Retries of a model request answered 429 or 5xx."
+    )
+    llm_retry_base_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="First retry delay; each next one doubles, capped at 30 s (a server's "
+        "Retry-After is honoured within that cap).",
+    )
+    llm_max_output_tokens: int = Field(
+        4096, ge=16, description="Most tokens the model may write in one reply."
+    )
+    agent_max_steps: int = Field(
+        20, ge=1, description="Model calls one answer may take before the run ends as an error."
+    )
+    agent_max_tokens: int = Field(
+        400_000,
+        ge=1,
+        description="Input plus output tokens one answer may spend before the run ends as an "
+        "error.",
+    )
+    agent_tool_timeout_seconds: float = Field(
+        120.0,
+        gt=0,
+        description="Time one tool call of the agent may take; hitting it ends the run as an "
+        "error.",
+    )
+    agent_run_timeout_seconds: float = Field(
+        900.0, gt=0, description="Time one answer may take before the run ends as an error."
+    )
+    agent_tool_output_chars: int = Field(
+        20_000,
+        ge=200,
+        description="Characters of one tool result shown to the model; longer ones are cut.",
+    )
+    agent_history_chars: int = Field(
+        100_000,
+        ge=1000,
+        description="Characters of earlier turns sent back to the model; older tool outputs "
+        "are shortened first, then the oldest turns dropped.",
+    )

@@ -14,8 +14,14 @@
     ├── Conflict                       409  conflict
     ├── PayloadTooLarge                413  payload_too_large
     ├── AtCapacity                     503  at_capacity
-    └── SandboxError                   500  sandbox_error
-        └── IsolationUnavailable       500  isolation_unavailable
+    ├── SandboxError                   500  sandbox_error
+    │   └── IsolationUnavailable       500  isolation_unavailable
+    └── AgentError                     500  agent_error
+        ├── ModelNotConfigured         503  model_not_configured
+        ├── ModelEndpointRefused       503  model_endpoint_refused
+        ├── ModelUnavailable           502  model_unavailable
+        ├── RunLimitReached            500  run_limit_reached
+        └── RunCancelled               500  run_cancelled
 
 A user program's failure is never one of these: it is a result with a return code.
 Foreign exceptions are translated into this tree at the edge that meets them.
@@ -104,3 +110,45 @@ class SandboxError(SandbankError):
 
 class IsolationUnavailable(SandboxError):
     code = "isolation_unavailable"
+
+
+class AgentError(SandbankError):
+    code = "agent_error"
+
+
+class ModelNotConfigured(AgentError):
+    status = 503
+    code = "model_not_configured"
+
+    def __init__(
+        self,
+        message: str = "no model is configured: set SANDBANK_LLM_MODEL (e.g. "
+        "openai:gpt-4.1-mini), and SANDBANK_LLM_API_KEY or the provider's usual key variable; "
+        "SANDBANK_LLM_BASE_URL points it at any OpenAI-compatible server",
+    ) -> None:
+        super().__init__(message)
+
+
+class ModelEndpointRefused(AgentError):
+    status = 503
+    code = "model_endpoint_refused"
+
+
+class ModelUnavailable(AgentError):
+    status = 502
+    code = "model_unavailable"
+
+
+class RunLimitReached(AgentError):
+    code = "run_limit_reached"
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit  # which setting: agent_max_steps, agent_max_tokens, ...
+
+
+class RunCancelled(AgentError):
+    code = "run_cancelled"
+
+    def __init__(self, message: str = "cancelled") -> None:
+        super().__init__(message)

@@ -1,0 +1,1 @@
+"""The agent: answers questions about a session's data by writing and running code."""
