@@ -173,6 +173,7 @@ class Runtime:
             await session.sandbox.close()
         except Exception:
             log.exception("failed to remove a sandbox cleanly")
+        self._reap_orphans()
 
     # --- reaping -------------------------------------------------------------------------
     async def _reap_forever(self) -> None:
@@ -187,6 +188,9 @@ class Runtime:
             if reason:
                 log.info("reclaiming a session: %s", reason)
                 self._destroy_in_background(session.id)
+        self._reap_orphans()
+
+    def _reap_orphans(self) -> None:
         if self.factory.isolated:
             known = {pid for x in self._sessions.values() if (pid := x.sandbox.worker_pid)}
             reap_orphans(known | self.pool.pids())

@@ -1,0 +1,115 @@
+"""The persistent Python interpreter: notebook semantics, fd-level capture, clean failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.sandbox.conftest import Shell
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_namespace_imports_files_and_threads_survive_across_calls(sb: Shell) -> None:
+    r = await sb.py(
+        "import json, threading, time\n"
+        "x = 41\n"
+        "fh = open('keep.txt', 'w')\n"
+        "ticks = []\n"
+        "t = threading.Thread(target=lambda: [ticks.append(1) or time.sleep(0.01) for _ in range(1000)], daemon=True)\n"
+        "t.start()"
+    )
+    assert r.return_code == 0, r.stderr
+    r = await sb.py(
+        "fh.write('still open'); fh.flush(); print(x + 1, json.dumps([1]), t.is_alive(), len(ticks) > 0)"
+    )
+    assert r.stdout == "42 [1] True True\n"
+    assert (await sb.py("print(open('keep.txt').read())")).stdout == "still open\n"
+
+
+async def test_last_expression_repr_is_printed_unless_none(sb: Shell) -> None:
+    assert (await sb.py("a = [1, 2]\na")).stdout == "[1, 2]\n"
+    assert (await sb.py("'text'")).stdout == "'text'\n"
+    assert (await sb.py("None")).stdout == ""
+    assert (await sb.py("print('p')")).stdout == "p\n"  # print's None is not echoed
+    assert (await sb.py("x = 5")).stdout == ""
+
+
+async def test_output_of_subprocesses_and_c_level_writes_is_captured(sb: Shell) -> None:
+    r = await sb.py(
+        "import os, subprocess, sys\n"
+        "os.system('echo from-system; echo sys-err >&2')\n"
+        "subprocess.run(['echo', 'from-subprocess'])\n"
+        "os.write(1, b'raw-fd\\n')\n"
+        "print('to-stderr', file=sys.stderr)"
+    )
+    assert "from-system" in r.stdout and "from-subprocess" in r.stdout and "raw-fd" in r.stdout
+    assert "sys-err" in r.stderr and "to-stderr" in r.stderr
+
+
+async def test_exception_gives_clean_traceback_and_code_1_and_interpreter_survives(
+    sb: Shell,
+) -> None:
+    await sb.py("kept = 'yes'")
+    r = await sb.py("def f():\n    return 1 / 0\nf()")
+    assert r.return_code == 1
+    assert "ZeroDivisionError: division by zero" in r.stderr
+    assert "return 1 / 0" in r.stderr  # the user's own line is shown
+    assert "worker.py" not in r.stderr and "sandbank" not in r.stderr
+    assert (await sb.py("print(kept)")).stdout == "yes\n"
+
+
+async def test_syntax_error_is_a_result(sb: Shell) -> None:
+    r = await sb.py("def broken(:\n  pass")
+    assert r.return_code == 1 and "SyntaxError" in r.stderr
+
+
+async def test_system_exit_gives_its_code_and_interpreter_survives(sb: Shell) -> None:
+    await sb.py("kept = 7")
+    assert (await sb.py("raise SystemExit(3)")).return_code == 3
+    assert (await sb.py("import sys; sys.exit()")).return_code == 0
+    r = await sb.py("import sys; sys.exit('bye')")
+    assert r.return_code == 1 and "bye" in r.stderr
+    assert (await sb.py("kept")).stdout == "7\n"
+
+
+async def test_produced_files_are_reported_relative_to_the_workspace(sb: Shell) -> None:
+    await sb.py("open('before.txt', 'w').write('x')")
+    r = await sb.py(
+        "import os\nos.makedirs('out/deep', exist_ok=True)\n"
+        "open('out/deep/r.csv', 'w').write('a,b')\nopen('before.txt', 'a').write('y')"
+    )
+    assert r.files == ["before.txt", "out/deep/r.csv"]
+    assert (await sb.py("print(open('before.txt').read())")).files == []
+
+
+async def test_workspace_is_cwd_and_home(sb: Shell) -> None:
+    r = await sb.py("import os; print(os.getcwd(), os.environ['HOME'])")
+    assert r.stdout == "/workspace /workspace\n"
+
+
+async def test_matplotlib_figures_are_saved_as_png_and_reported(sb: Shell) -> None:
+    r = await sb.py(
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2, 3])\nplt.show()\n"
+        "plt.figure(); plt.bar([1], [2])"
+    )
+    assert r.return_code == 0, r.stderr
+    assert r.files == ["figure_1.png", "figure_2.png"]
+    r = await sb.py(
+        "import matplotlib.pyplot as plt\n"
+        "print(plt.get_fignums(), open('figure_1.png', 'rb').read(8))"
+    )
+    assert r.stdout == "[] b'\\x89PNG\\r\\n\\x1a\\n'\n"
+    r = await sb.py("plt.plot([0]); 'third'")
+    assert r.files == ["figure_3.png"]  # fresh names, never overwriting
+
+
+async def test_output_beyond_the_cap_is_truncated_with_a_marker(sb: Shell) -> None:
+    limit = sb.runtime.settings.output_limit_bytes
+    r = await sb.py(
+        f"import sys\nsys.stdout.write('x' * {limit * 3})\nprint('e' * 10, file=sys.stderr)"
+    )
+    assert r.stdout.startswith("x" * 1000)
+    assert len(r.stdout) < limit + 200
+    assert "[output truncated:" in r.stdout
+    assert r.stderr == "e" * 10 + "\n"

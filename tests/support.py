@@ -1,0 +1,119 @@
+"""Test support: data directories sandbox users can reach, test settings, a real `sandbank serve`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sandbank.config import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+RUNTIME_DIR = Path(os.environ.get("SANDBANK_TEST_RUNTIME_DIR", REPO / ".runtime"))
+UID_LOCK_DIR = Path(tempfile.gettempdir()) / "sandbank-test-uids"
+
+# Small limits: the suite runs on 2 cores next to other work.
+TEST_LIMITS: dict[str, Any] = {
+    "memory_limit_mb": 160,
+    "disk_limit_mb": 16,
+    "tmp_limit_mb": 16,
+    "pids_limit": 64,
+    "open_files_limit": 256,
+    "pool_size": 0,
+    "pool_preimport": False,
+    "uid_lock_dir": UID_LOCK_DIR,
+    "runtime_dir": RUNTIME_DIR,
+    "interrupt_grace_seconds": 1.0,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def data_dir() -> Iterator[Path]:
+    """A data directory under /tmp: pytest's own tmp dirs are mode 0700, closed to sandbox uids."""
+    path = Path(tempfile.mkdtemp(prefix="sandbank-test-"))
+    path.chmod(0o711)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def settings(data: Path, **overrides: Any) -> Settings:
+    return Settings(data_dir=data, **{**TEST_LIMITS, **overrides})
+
+
+def env_for(data: Path, **overrides: Any) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBANK_")}
+    env["SANDBANK_LLM_OFFLINE"] = "1"
+    for key, value in {**TEST_LIMITS, **overrides}.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        env[f"SANDBANK_{key.upper()}"] = text
+    env["SANDBANK_DATA_DIR"] = str(data)
+    return env
+
+
+class Server:
+    """A real `sandbank serve` subprocess on a free loopback port."""
+
+    def __init__(self, data: Path, extra_env: dict[str, str] | None = None, **overrides: Any):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.data = data
+        self.env = env_for(data, **overrides)
+        self.env.update(extra_env or {})
+        self.log = data / "server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> Server:
+        argv = [sys.executable, "-m", "sandbank.cli", "serve", "--port", str(self.port)]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=log)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited at start:\n{self.log.read_text()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base_url}/health", timeout=1).status_code == 200:
+                    return self
+            time.sleep(0.1)
+        raise RuntimeError(f"server did not start:\n{self.log.read_text()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=30, **kwargs)
+
+
+def processes_of_uids(uids: set[int]) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{name}").st_uid in uids:
+                    found.append(int(name))
+    return found
