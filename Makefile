@@ -6,10 +6,13 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 DATA_DIR ?= ./sandbank-data
 
-.PHONY: install install-dev system-deps run test lint typecheck bench clean
+.PHONY: install install-dev system-deps test-system-deps run test lint typecheck bench clean
 
 system-deps:
 	@scripts/install-system-deps
+
+test-system-deps:
+	@SANDBANK_TEST_DEPS=1 scripts/install-system-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,7 +34,7 @@ $(RUNTIME)/.installed: runtime/requirements.txt
 
 install: system-deps $(VENV)/.installed $(RUNTIME)/.installed
 
-install-dev: install $(VENV)/.dev-installed
+install-dev: test-system-deps install $(VENV)/.dev-installed
 
 run: install
 	$(VENV)/bin/sandbank serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)

@@ -17,7 +17,7 @@ def _load(name: str) -> dict[str, Any]:
 
 def _merge(base: dict[str, Any], extra: dict[str, Any], where: str, added: list[str]) -> None:
     for key, value in extra.items():
-        here = f"{where}/{key}"
+        here = f"{where}.{key}" if where else key
         if key in base and isinstance(base[key], dict) and isinstance(value, dict):
             _merge(base[key], value, here, added)
         else:
@@ -29,6 +29,6 @@ def _merge(base: dict[str, Any], extra: dict[str, Any], where: str, added: list[
 def document() -> dict[str, Any]:
     doc = _load("contract-v1.yaml")
     added: list[str] = []
-    _merge(doc, _load("additions.yaml"), "", added)
+    _merge(doc, _load("additions.yaml"), "", added)  # entries read like `paths./health`
     doc["info"]["x-sandbank-additions"] = sorted(added)
     return doc

@@ -78,6 +78,8 @@ class Workspace:
                     if self.uid is not None:
                         os.fchown(nxt, self.uid, self.uid)
                 except OSError as e:
+                    if e.errno in (errno.ENOTDIR, errno.ELOOP):
+                        _lstat(fd, name, "/".join(parts))  # a symlink: refused as an escape
                     raise _translate(e, "/".join(parts)) from None
                 os.close(fd)
                 fd = nxt

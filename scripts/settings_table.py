@@ -1,0 +1,76 @@
+"""Prints (or with --write, updates in README.md) the settings and API-additions tables."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from sandbank.config import Settings
+from sandbank.execapi.openapi import document
+
+
+def default_of(name: str) -> str:
+    field = Settings.model_fields[name]
+    if field.default_factory is not None:
+        return "(see meaning)"
+    value = field.default
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    if value in ("", None):
+        return "(empty)"
+    return f"`{value}`"
+
+
+def settings_table() -> str:
+    rows = ["| Setting | Variable | Default | Meaning |", "|---|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        meaning = (field.description or "").replace("|", "\\|").replace("\n", " ")
+        rows.append(f"| {name} | `SANDBANK_{name.upper()}` | {default_of(name)} | {meaning} |")
+    return "\n".join(rows) + "\n"
+
+
+def describe(doc: dict[str, Any], dotted: str) -> str:
+    """The added node's own description (following a $ref), first sentence only."""
+    node: Any = doc
+    for key in dotted.split("."):
+        node = node[key]
+    if "$ref" in node:
+        ref, node = node["$ref"], doc
+        for key in ref.removeprefix("#/").split("/"):
+            node = node[key]
+    if "get" in node:  # a new path
+        node = node["get"]
+    text = str(node.get("description") or node.get("summary") or "")
+    return " ".join(text.split()).split(". ")[0].rstrip(".") + "."
+
+
+def additions_table() -> str:
+    doc = document()
+    rows = ["| Addition | What it is |", "|---|---|"]
+    for item in doc["info"]["x-sandbank-additions"]:
+        rows.append(f"| `{item}` | {describe(doc, item)} |")
+    return "\n".join(rows) + "\n"
+
+
+def replace_between(text: str, marker: str, body: str) -> str:
+    start, end = f"<!-- {marker} -->\n", f"<!-- /{marker} -->"
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
+    return head + start + body + end + tail
+
+
+def main() -> None:
+    if "--write" in sys.argv:
+        readme = Path(__file__).resolve().parents[1] / "README.md"
+        text = replace_between(readme.read_text(), "settings-table", settings_table())
+        text = replace_between(text, "additions-table", additions_table())
+        readme.write_text(text)
+    else:
+        print(settings_table())
+
+
+if __name__ == "__main__":
+    main()

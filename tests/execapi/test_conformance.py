@@ -1,0 +1,571 @@
+"""Conformance to contract v1 over HTTP: every response validated against the contract's schemas."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from sandbank.sandbox.base import RC_TIMEOUT
+from tests.execapi.conftest import Contract, run
+from tests.support import REPO, Server, data_dir
+
+
+def test_create_session_returns_a_handle_with_what_is_in_force(
+    client: httpx.Client, contract: Contract
+) -> None:
+    before = time.time()
+    r = client.post("/sessions", json={"idle_timeout_seconds": 30, "image": "python:3.11-whatever"})
+    assert r.status_code == 201
+    handle = contract.check(r, "SessionHandle")
+    assert handle["idle_timeout_seconds"] == 30
+    assert handle["max_lifetime_seconds"] >= 1
+    assert before - 1 <= handle["created_at"] <= time.time() + 1
+    assert len(handle["session_id"]) >= 20  # unguessable
+    client.delete(f"/sessions/{handle['session_id']}")
+
+
+@pytest.mark.parametrize("body", [None, b"", b"{}"])
+def test_create_session_body_may_be_absent_or_empty(
+    client: httpx.Client, body: bytes | None
+) -> None:
+    r = client.post("/sessions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 201, r.text
+    client.delete(f"/sessions/{r.json()['session_id']}")
+
+
+def test_lifetime_hints_above_the_ceilings_are_clamped(client: httpx.Client) -> None:
+    r = client.post(
+        "/sessions", json={"idle_timeout_seconds": 10**9, "max_lifetime_seconds": 10**9}
+    )
+    assert r.status_code == 201
+    h = r.json()
+    assert h["idle_timeout_seconds"] == 3600 and h["max_lifetime_seconds"] == 86400
+    client.delete(f"/sessions/{h['session_id']}")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"idle_timeout_seconds": "5"}, {"max_lifetime_seconds": 0}, {"image": 5}, [1, 2]],
+)
+def test_create_session_refuses_wrong_types_with_422_naming_the_field(
+    client: httpx.Client, contract: Contract, body: Any
+) -> None:
+    r = client.post("/sessions", json=body)
+    assert r.status_code == 422
+    detail = contract.check(r, "Error")["detail"]
+    if isinstance(body, dict):
+        assert next(iter(body)) in detail
+
+
+def test_execute_envelope_for_every_tool_kind(
+    client: httpx.Client, session_id: str, contract: Contract
+) -> None:
+    cases = [
+        ("code_execution", {"code": "print(2 + 2)"}, "code_execution_tool_result"),
+        ("bash_code_execution", {"command": "echo hi"}, "bash_code_execution_tool_result"),
+        (
+            "text_editor_code_execution",
+            {"command": "create", "path": "a.txt", "file_text": "x\n"},
+            "text_editor_code_execution_tool_result",
+        ),
+    ]
+    for tool, inp, block_type in cases:
+        r = client.post(
+            f"/sessions/{session_id}/exec", json={"tool": tool, "input": inp, "tool_use_id": "t-1"}
+        )
+        assert r.status_code == 200
+        body = contract.check(r, "ExecResponse")
+        assert body["tool_use_id"] == "t-1" and body["result_block"]["tool_use_id"] == "t-1"
+        block = body["result_block"]
+        assert block["type"] == block_type
+        assert block["content"]["type"] == "code_execution_result"
+        assert block["content"]["return_code"] == 0
+        assert isinstance(body["execution_time_ms"], int)
+
+
+def test_tool_use_id_is_generated_when_absent(
+    client: httpx.Client, session_id: str, contract: Contract
+) -> None:
+    r = client.post(
+        f"/sessions/{session_id}/exec",
+        json={"tool": "code_execution", "input": {"code": "1"}, "timeout_seconds": 60},
+    )
+    body = contract.check(r, "ExecResponse")
+    assert body["tool_use_id"] and body["tool_use_id"] == body["result_block"]["tool_use_id"]
+
+
+def test_a_failed_program_is_a_successful_call(
+    client: httpx.Client, session_id: str, contract: Contract
+) -> None:
+    r = client.post(
+        f"/sessions/{session_id}/exec",
+        json={"tool": "code_execution", "input": {"code": "raise ValueError('boom')"}},
+    )
+    assert r.status_code == 200
+    content = contract.check(r, "ExecResponse")["result_block"]["content"]
+    assert content["return_code"] == 1 and "ValueError: boom" in content["stderr"]
+    assert content["type"] != "code_execution_tool_result_error"
+
+
+def test_unknown_fields_are_ignored_everywhere(client: httpx.Client, session_id: str) -> None:
+    r = client.post(
+        f"/sessions/{session_id}/exec",
+        json={
+            "tool": "code_execution",
+            "input": {"code": "print(1)", "future": True},
+            "later": {"x": 1},
+        },
+    )
+    assert r.status_code == 200 and r.json()["result_block"]["content"]["stdout"] == "1\n"
+    r = client.post("/sessions", json={"future_hint": 1})
+    assert r.status_code == 201
+    client.delete(f"/sessions/{r.json()['session_id']}")
+
+
+def test_unknown_tool_kind_is_400(
+    client: httpx.Client, session_id: str, contract: Contract
+) -> None:
+    r = client.post(f"/sessions/{session_id}/exec", json={"tool": "web_search", "input": {}})
+    assert r.status_code == 400 and "web_search" in contract.check(r, "Error")["detail"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"tool": "code_execution"}, "input"),
+        ({"tool": "code_execution", "input": {}}, "input.code"),
+        ({"tool": "code_execution", "input": {"code": 5}}, "input.code"),
+        ({"tool": "code_execution", "input": {"code": ""}}, "input.code"),
+        ({"tool": "bash_code_execution", "input": {}}, "input.command"),
+        (
+            {"tool": "text_editor_code_execution", "input": {"command": "create", "path": "a"}},
+            "file_text",
+        ),
+        (
+            {
+                "tool": "text_editor_code_execution",
+                "input": {"command": "str_replace", "path": "a", "new_str": ""},
+            },
+            "old_str",
+        ),
+        (
+            {
+                "tool": "text_editor_code_execution",
+                "input": {"command": "insert", "path": "a", "new_str": "x"},
+            },
+            "insert_line",
+        ),
+        ({"tool": "text_editor_code_execution", "input": {"command": "view"}}, "input.path"),
+        (
+            {"tool": "text_editor_code_execution", "input": {"command": "delete", "path": "a"}},
+            "input.command",
+        ),
+        (
+            {"tool": "code_execution", "input": {"code": "1"}, "timeout_seconds": "10"},
+            "timeout_seconds",
+        ),
+        ({"input": {"code": "1"}}, "tool"),
+    ],
+)
+def test_malformed_requests_are_422_naming_the_field(
+    client: httpx.Client, session_id: str, contract: Contract, body: dict[str, Any], field: str
+) -> None:
+    r = client.post(f"/sessions/{session_id}/exec", json=body)
+    assert r.status_code == 422, r.text
+    assert field in contract.check(r, "Error")["detail"]
+
+
+def test_malformed_json_and_non_json_bodies(client: httpx.Client, session_id: str) -> None:
+    r = client.post(
+        f"/sessions/{session_id}/exec",
+        content=b"{nope",
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 422 and "JSON" in r.json()["detail"]
+    r = client.post(
+        f"/sessions/{session_id}/exec",
+        content=b'{"tool":"code_execution","input":{"code":"1"}}',
+        headers={"content-type": "text/plain"},
+    )
+    assert r.status_code == 415
+
+
+def test_unknown_session_is_404_on_every_session_operation(
+    client: httpx.Client, contract: Contract
+) -> None:
+    sid = "no-such-session"
+    for r in (
+        client.post(
+            f"/sessions/{sid}/exec", json={"tool": "code_execution", "input": {"code": "1"}}
+        ),
+        client.get(f"/sessions/{sid}/files/list"),
+        client.get(f"/sessions/{sid}/files", params={"path": "a"}),
+        client.post(f"/sessions/{sid}/files", files={"file": ("a.txt", b"x")}),
+    ):
+        assert r.status_code == 404, r.request.url
+        contract.check(r, "Error")
+
+
+def test_destroy_is_204_also_for_unknown_and_repeated(client: httpx.Client) -> None:
+    sid = client.post("/sessions").json()["session_id"]
+    assert client.delete(f"/sessions/{sid}").status_code == 204
+    assert client.delete(f"/sessions/{sid}").status_code == 204
+    assert client.delete("/sessions/never-existed").status_code == 204
+    r = client.post(
+        f"/sessions/{sid}/exec", json={"tool": "code_execution", "input": {"code": "1"}}
+    )
+    assert r.status_code == 404
+
+
+def test_state_persists_across_calls_of_all_three_kinds(
+    client: httpx.Client, session_id: str
+) -> None:
+    assert run(client, session_id, "code_execution", code="x = 20")["return_code"] == 0
+    assert run(client, session_id, "code_execution", code="x * 2 + 2")["stdout"] == "42\n"
+    run(client, session_id, "bash_code_execution", command="cd /tmp && export V=7")
+    assert (
+        run(client, session_id, "bash_code_execution", command="echo $PWD $V")["stdout"]
+        == "/tmp 7\n"
+    )
+    run(
+        client,
+        session_id,
+        "text_editor_code_execution",
+        command="create",
+        path="f.txt",
+        file_text="a\nb\n",
+    )
+    run(
+        client,
+        session_id,
+        "text_editor_code_execution",
+        command="str_replace",
+        path="f.txt",
+        old_str="b",
+        new_str="B",
+    )
+    assert (
+        run(client, session_id, "code_execution", code="print(open('f.txt').read())")["stdout"]
+        == "a\nB\n\n"
+    )
+    viewed = run(
+        client,
+        session_id,
+        "text_editor_code_execution",
+        command="view",
+        path="/workspace/f.txt",
+        view_range=[2, -1],
+    )
+    assert viewed["stdout"] == "     2\tB\n"
+
+
+def test_timeout_is_answered_in_time_and_clamped(client: httpx.Client, session_id: str) -> None:
+    t0 = time.monotonic()
+    content = run_with(
+        client,
+        session_id,
+        {
+            "tool": "code_execution",
+            "input": {"code": "import time; time.sleep(60)"},
+            "timeout_seconds": 1,
+        },
+    )
+    assert time.monotonic() - t0 < 1 + 5
+    assert content["return_code"] == RC_TIMEOUT and "timed out" in content["stderr"]
+    # A huge budget is clamped, not refused.
+    content = run_with(
+        client,
+        session_id,
+        {"tool": "code_execution", "input": {"code": "print('ok')"}, "timeout_seconds": 10**9},
+    )
+    assert content["stdout"] == "ok\n"
+
+
+def run_with(client: httpx.Client, sid: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = client.post(f"/sessions/{sid}/exec", json=body)
+    assert r.status_code == 200, r.text
+    content: dict[str, Any] = r.json()["result_block"]["content"]
+    return content
+
+
+def test_produced_files_are_reported_and_served_by_getfile(
+    client: httpx.Client, session_id: str, contract: Contract
+) -> None:
+    content = run(
+        client, session_id, "code_execution",
+        code="import matplotlib.pyplot as plt, os\nos.makedirs('out', exist_ok=True)\nopen('out/r.csv','w').write('a,b\\n1,2\\n')\nplt.plot([1, 2])",
+    )  # fmt: skip
+    names = [f["filename"] for f in content["content"]]
+    assert names == ["figure_1.png", "out/r.csv"]
+    for f in content["content"]:
+        assert f["type"] == "code_execution_output" and f["file_id"]
+        r = client.get(f"/sessions/{session_id}/files", params={"path": f["filename"]})
+        assert r.status_code == 200
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert r.headers["content-security-policy"].startswith("sandbox")
+    png = client.get(f"/sessions/{session_id}/files", params={"path": "figure_1.png"})
+    assert png.content.startswith(b"\x89PNG") and png.headers["content-type"] == "image/png"
+    assert png.headers["content-disposition"].startswith("inline")
+    csv = client.get(f"/sessions/{session_id}/files", params={"path": "out/r.csv"})
+    assert csv.content == b"a,b\n1,2\n" and csv.headers["content-disposition"].startswith(
+        "attachment"
+    )
+    editor = run(
+        client,
+        session_id,
+        "text_editor_code_execution",
+        command="create",
+        path="e.txt",
+        file_text="x",
+    )
+    assert editor["content"] == []  # text-editor calls report no files
+
+
+def test_html_written_by_code_is_never_served_as_a_page(
+    client: httpx.Client, session_id: str
+) -> None:
+    run(
+        client,
+        session_id,
+        "bash_code_execution",
+        command="echo '<script>alert(1)</script>' > x.html; echo '<svg onload=alert(1)>' > y.svg",
+    )
+    for name in ("x.html", "y.svg"):
+        r = client.get(f"/sessions/{session_id}/files", params={"path": name})
+        assert r.headers["content-disposition"].startswith("attachment")
+        assert r.headers["content-security-policy"].startswith("sandbox")
+        assert r.headers["x-content-type-options"] == "nosniff"
+
+
+def test_list_files_one_level_with_directories_marked(
+    client: httpx.Client, session_id: str, contract: Contract
+) -> None:
+    run(
+        client,
+        session_id,
+        "bash_code_execution",
+        command="mkdir -p d/e && echo 12345 > top.txt && echo x > d/in.txt && echo y > d/e/deep.txt",
+    )
+    body = contract.check(client.get(f"/sessions/{session_id}/files/list"), "FileList")
+    by_path = {f["path"]: f for f in body["files"]}
+    assert by_path["top.txt"]["size_bytes"] == 6 and by_path["top.txt"]["mime_type"] == "text/plain"
+    assert by_path["d"]["is_dir"] is True and "d/in.txt" not in by_path
+    assert body["truncated"] is False
+    inner = contract.check(
+        client.get(f"/sessions/{session_id}/files/list", params={"path": "d"}), "FileList"
+    )
+    assert sorted(f["path"] for f in inner["files"]) == ["d/e", "d/in.txt"]
+    single = client.get(
+        f"/sessions/{session_id}/files/list", params={"path": "/workspace/top.txt"}
+    ).json()
+    assert [f["path"] for f in single["files"]] == ["top.txt"]
+    assert (
+        client.get(f"/sessions/{session_id}/files/list", params={"path": "nope"}).status_code == 404
+    )
+
+
+def test_list_files_changes_are_visible_by_size_and_mtime(
+    client: httpx.Client, session_id: str
+) -> None:
+    run(client, session_id, "bash_code_execution", command="echo a > w.txt")
+    first = {f["path"]: f for f in client.get(f"/sessions/{session_id}/files/list").json()["files"]}
+    run(client, session_id, "bash_code_execution", command="sleep 0.05; echo abc > w.txt")
+    second = {
+        f["path"]: f for f in client.get(f"/sessions/{session_id}/files/list").json()["files"]
+    }
+    assert (first["w.txt"]["size_bytes"], first["w.txt"]["modified_at"]) != (
+        second["w.txt"]["size_bytes"], second["w.txt"]["modified_at"],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "path", ["..", "../etc/passwd", "/etc/passwd", "a/../../x", "/workspace/../etc"]
+)
+def test_path_escapes_are_403(
+    client: httpx.Client, session_id: str, contract: Contract, path: str
+) -> None:
+    for r in (
+        client.get(f"/sessions/{session_id}/files/list", params={"path": path}),
+        client.get(f"/sessions/{session_id}/files", params={"path": path}),
+        client.post(
+            f"/sessions/{session_id}/files", files={"file": ("x", b"x")}, data={"path": path}
+        ),
+    ):
+        assert r.status_code == 403, (r.request.url, r.text)
+        contract.check(r, "Error")
+
+
+def test_symlinks_planted_by_code_never_lead_out(client: httpx.Client, session_id: str) -> None:
+    run(
+        client,
+        session_id,
+        "bash_code_execution",
+        command="ln -s / root; ln -s /etc/shadow sh; mkdir -p d; ln -s /etc d/etc; ln -s .. up; ln -s /proc/1/root pr",
+    )
+    for path in ("root/etc/passwd", "sh", "d/etc/passwd", "up/x", "pr/etc/shadow", "root"):
+        r = client.get(f"/sessions/{session_id}/files", params={"path": path})
+        assert r.status_code in (403, 404), (path, r.status_code)
+        assert b"root:" not in r.content
+    assert (
+        client.get(f"/sessions/{session_id}/files/list", params={"path": "root"}).status_code == 403
+    )
+    listing = client.get(f"/sessions/{session_id}/files/list").json()["files"]
+    assert {"root", "sh", "up", "pr"}.isdisjoint(f["path"] for f in listing)
+    # Writing through a planted link stays inside too.
+    r = client.post(
+        f"/sessions/{session_id}/files", files={"file": ("x", b"evil")}, data={"path": "d/etc/evil"}
+    )
+    assert r.status_code == 403
+
+
+def test_fifo_and_directory_are_not_served_as_files(client: httpx.Client, session_id: str) -> None:
+    run(client, session_id, "bash_code_execution", command="mkfifo pipe; mkdir -p dir")
+    assert client.get(f"/sessions/{session_id}/files", params={"path": "pipe"}).status_code == 404
+    assert client.get(f"/sessions/{session_id}/files", params={"path": "dir"}).status_code == 400
+
+
+def test_put_file_is_visible_to_the_interpreter_and_owned_by_the_session(
+    client: httpx.Client, session_id: str, contract: Contract
+) -> None:
+    r = client.post(
+        f"/sessions/{session_id}/files",
+        files={"file": ("data.csv", b"a,b\n1,2\n")},
+        data={"path": "in/deep/data.csv"},
+    )
+    assert r.status_code == 201
+    assert contract.check(r, "FileUploadResult") == {"path": "in/deep/data.csv", "size_bytes": 8}
+    out = run(
+        client,
+        session_id,
+        "code_execution",
+        code="import os, pandas as pd\nst = os.stat('in/deep/data.csv')\nprint(st.st_uid == os.getuid(), os.stat('in/deep').st_uid == os.getuid(), int(pd.read_csv('in/deep/data.csv')['b'].sum()))",
+    )
+    assert out["stdout"] == "True True 2\n"
+    # Without a path, the name comes from the upload, sanitized.
+    r = client.post(
+        f"/sessions/{session_id}/files", files={"file": ("../../evil name?.txt", io.BytesIO(b"z"))}
+    )
+    assert r.status_code == 201 and r.json()["path"] == "evil name_.txt"
+
+
+def test_put_file_over_the_cap_is_413_and_nothing_is_written(contract: Contract) -> None:
+    with data_dir() as d:
+        srv = Server(d, put_file_max_bytes=1000).start()
+        try:
+            with srv.client() as c:
+                sid = c.post("/sessions").json()["session_id"]
+                r = c.post(
+                    f"/sessions/{sid}/files",
+                    files={"file": ("big.bin", b"x" * 5000)},
+                    data={"path": "big.bin"},
+                )
+                assert r.status_code == 413
+                contract.check(r, "Error")
+                listing = c.get(f"/sessions/{sid}/files/list").json()["files"]
+                assert listing == []
+                ok = c.post(f"/sessions/{sid}/files", files={"file": ("small.bin", b"x" * 1000)})
+                assert ok.status_code == 201
+        finally:
+            srv.stop()
+
+
+def test_openapi_contains_the_whole_seed_contract_and_lists_every_addition(
+    client: httpx.Client, spec: dict[str, Any]
+) -> None:
+    served = client.get("/openapi.json").json()
+    additions = set(served["info"]["x-sandbank-additions"])
+    for path, item in spec["paths"].items():
+        for method, op in item.items():
+            if method == "parameters":
+                continue
+            for status in op["responses"]:
+                assert status in served["paths"][path][method]["responses"], (path, method, status)
+    for name, schema in spec["components"]["schemas"].items():
+        for key, value in schema.items():
+            if key != "properties":
+                assert served["components"]["schemas"][name][key] == value, (name, key)
+        for prop in schema.get("properties", {}):
+            assert prop in served["components"]["schemas"][name]["properties"]
+
+    # Everything served beyond the seed is listed as an addition.
+    def walk(seed: Any, doc: Any, where: str) -> None:
+        if isinstance(doc, dict) and isinstance(seed, dict):
+            for key, value in doc.items():
+                here = f"{where}.{key}" if where else key
+                if key not in seed:
+                    if here != "info.x-sandbank-additions":
+                        assert here in additions, here
+                else:
+                    walk(seed[key], value, here)
+
+    walk(spec, served, "")
+    readme = (REPO / "README.md").read_text()
+    for item in additions:
+        assert f"`{item}`" in readme, f"README's additions table misses {item}"
+
+
+def test_health(client: httpx.Client) -> None:
+    r = client.get("/health")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+def test_host_header_outside_the_allow_list_is_refused(server: Server) -> None:
+    r = httpx.get(f"{server.base_url}/health", headers={"Host": "evil.example:8080"})
+    assert r.status_code == 421 and "SANDBANK_ALLOWED_HOSTS" in r.json()["detail"]
+    assert httpx.get(f"{server.base_url}/health", headers={"Host": "localhost"}).status_code == 200
+
+
+def test_concurrent_calls_on_one_session_run_in_arrival_order(
+    server: Server, session_id: str
+) -> None:
+    with server.client() as c:
+        run(c, session_id, "code_execution", code="order = []")
+    results: list[int] = []
+
+    def call(i: int) -> None:
+        with server.client() as c:
+            run(
+                c,
+                session_id,
+                "code_execution",
+                code=f"import time; time.sleep(0.2); order.append({i})",
+            )
+            results.append(i)
+
+    threads = []
+    for i in range(3):
+        t = threading.Thread(target=call, args=(i,))
+        t.start()
+        threads.append(t)
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    with server.client() as c:
+        assert run(c, session_id, "code_execution", code="order")["stdout"] == "[0, 1, 2]\n"
+
+
+def test_destroy_during_a_call_ends_it_with_a_result(server: Server) -> None:
+    with server.client() as c:
+        sid = c.post("/sessions").json()["session_id"]
+    out: dict[str, Any] = {}
+
+    def call() -> None:
+        with server.client() as c:
+            out["r"] = c.post(
+                f"/sessions/{sid}/exec",
+                json={"tool": "code_execution", "input": {"code": "import time; time.sleep(30)"}},
+            )
+
+    t = threading.Thread(target=call)
+    t.start()
+    time.sleep(0.5)
+    with server.client() as c:
+        assert c.delete(f"/sessions/{sid}").status_code == 204
+    t.join(10)
+    r = out["r"]
+    assert r.status_code == 200 and "destroyed" in r.json()["result_block"]["content"]["stderr"]
