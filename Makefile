@@ -40,8 +40,8 @@ run: install
 	$(VENV)/bin/sandbank serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)
 
 lint: install-dev
-	$(VENV)/bin/ruff format --check src tests bench
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench scripts
+	$(VENV)/bin/ruff check src tests bench scripts
 
 typecheck: install-dev
 	$(VENV)/bin/mypy
