@@ -113,3 +113,12 @@ async def test_output_beyond_the_cap_is_truncated_with_a_marker(sb: Shell) -> No
     assert len(r.stdout) < limit + 200
     assert "[output truncated:" in r.stdout
     assert r.stderr == "e" * 10 + "\n"
+
+
+async def test_code_that_closes_or_redirects_its_stdout_does_not_break_the_session(
+    sb: Shell,
+) -> None:
+    r = await sb.py("import os\nos.close(1)\nos.dup2(os.open('/dev/null', os.O_WRONLY), 2)")
+    assert r.return_code == 0
+    r = await sb.py("import sys\nprint('back')\nprint('err', file=sys.stderr)")
+    assert (r.stdout, r.stderr) == ("back\n", "err\n")

@@ -76,53 +76,92 @@ class Channel:
 # --- output capture ----------------------------------------------------------------------
 
 
-class Collector(threading.Thread):
-    """Drains one pipe, keeping the first `limit` bytes and counting (not storing) the rest."""
+class Stream(threading.Thread):
+    """One of fds 1 and 2: a pipe drained for the worker's whole life.
 
-    def __init__(self, fd: int, limit: int) -> None:
+    A call's output ends at a marker the worker writes after the call, so a call costs two
+    writes, not new pipes and threads. Output from background processes between calls is
+    dropped; during a call it counts as the call's. At most `limit` bytes are kept per call.
+    """
+
+    def __init__(self, fd: int) -> None:
         super().__init__(daemon=True)
         self.fd = fd
-        self.limit = limit
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.marker = b""
+        self.limit = 0
         self.data = bytearray()
         self.dropped = 0
+        self.tail = b""
+        self.r, w = os.pipe()
+        os.dup2(w, fd)
+        os.close(w)
         self.start()
+
+    def begin(self, marker: bytes, limit: int) -> None:
+        with self.lock:
+            self.marker, self.limit = marker, limit
+            self.data, self.dropped, self.tail = bytearray(), 0, b""
+            self.done.clear()
+
+    def mark(self) -> bool:
+        try:
+            os.write(self.fd, self.marker)
+        except OSError:
+            return False
+        return True
 
     def run(self) -> None:
         while True:
             try:
-                chunk = os.read(self.fd, 65536)
+                chunk = os.read(self.r, 65536)
             except OSError:
-                break
+                return
             if not chunk:
-                break
-            room = self.limit - len(self.data)
-            if room > 0:
-                self.data += chunk[:room]
-            self.dropped += max(0, len(chunk) - max(room, 0))
+                return
+            with self.lock:
+                if not self.marker or self.done.is_set():
+                    continue  # between calls: nobody is listening
+                buf = self.tail + chunk
+                idx = buf.find(self.marker)
+                if idx >= 0:
+                    self._keep(buf[:idx])
+                    self.tail = b""
+                    self.done.set()
+                    continue
+                keep = len(self.marker) - 1  # the marker may be split across reads
+                self._keep(buf[:-keep])
+                self.tail = buf[-keep:]
+
+    def _keep(self, data: bytes) -> None:
+        room = self.limit - len(self.data)
+        if room > 0:
+            self.data += data[:room]
+        self.dropped += max(0, len(data) - max(room, 0))
 
     def text(self) -> str:
-        out = self.data.decode("utf-8", errors="replace")
-        if self.dropped:
-            out += f"\n[output truncated: {self.dropped} more bytes not shown]\n"
-        return out
+        with self.lock:
+            out = self.data.decode("utf-8", errors="replace")
+            if self.dropped:
+                out += f"\n[output truncated: {self.dropped} more bytes not shown]\n"
+            return out
 
 
 class Capture:
-    """Points fds 1 and 2 at fresh pipes for the length of one call."""
+    """Delimits one call's output on the worker's persistent stdout and stderr streams."""
+
+    streams: list[Stream] = []
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        if not Capture.streams:
+            Capture.streams = [Stream(1), Stream(2)]
 
     def __enter__(self) -> Capture:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.saved = (os.dup(1), os.dup(2))
-        self.collectors = []
-        for fd in (1, 2):
-            r, w = os.pipe()
-            os.dup2(w, fd)
-            os.close(w)
-            self.collectors.append(Collector(r, self.limit))
+        self.marker = f"\x00__SANDBANK_END_{secrets.token_hex(8)}__\x00".encode()
+        for s in self.streams:
+            s.begin(self.marker, self.limit)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -131,19 +170,13 @@ class Capture:
             sys.stderr.flush()
         except Exception:  # noqa: S110 - user code may have broken its own streams
             pass
-        os.dup2(self.saved[0], 1)
-        os.dup2(self.saved[1], 2)
-        os.close(self.saved[0])
-        os.close(self.saved[1])
-        # Background children may hold the pipes open: give them a moment, then move on.
-        for c in self.collectors:
-            c.join(timeout=0.05)
-        self.out, self.err = (c.text() for c in self.collectors)
-        for c in self.collectors:
-            if c.is_alive():
-                # Leave the reader draining; it ends when the last writer goes away.
-                continue
-            os.close(c.fd)
+        marked = [s.mark() for s in self.streams]  # both first: the waits then overlap
+        self.out, self.err = "", ""
+        for i, (s, ok) in enumerate(zip(self.streams, marked, strict=True)):
+            if not (ok and s.done.wait(2.0)):
+                # User code closed or redirected fd 1 or 2: the next call gets a fresh stream.
+                Capture.streams[i] = Stream(s.fd)
+        self.out, self.err = (s.text() for s in self.streams)
 
 
 # --- produced files ------------------------------------------------------------------------
