@@ -171,6 +171,15 @@ class Client:
             time.sleep(0.25)
         raise AssertionError(f"session {sid} still PENDING after {timeout} s")
 
+    def wait_for_status(self, sid: str, status_message: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            session = self.ok("GET", f"/api/sessions/{sid}")
+            if session.get("status_message") == status_message:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"session {sid} never showed {status_message!r}")
+
     def wait_for_message(self, sid: str, text: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
