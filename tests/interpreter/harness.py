@@ -123,7 +123,9 @@ def running(env: dict[str, str], data: Path | None = None) -> Iterator[Server]:
     finally:
         if server.proc is not None and server.proc.poll() is None:
             server.stop()
+        log = server.log.read_text()
         shutil.rmtree(server.data, ignore_errors=True)
+    assert "Traceback" not in log, log[-5000:]  # every failure was a handled one
 
 
 class Client:
