@@ -89,6 +89,7 @@ def anthropic_reply(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 class FakeLLM:
     url: str = ""
     requests: list[dict[str, Any]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
 
 
 @contextmanager
@@ -100,6 +101,7 @@ def fake_llm() -> Iterator[FakeLLM]:
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
             fake.requests.append(body)
+            fake.paths.append(self.path)
             reply = anthropic_reply if self.path.endswith("/messages") else openai_reply
             status, payload = reply(body)
             data = json.dumps(payload).encode()

@@ -58,8 +58,9 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
 class Server:
     """One `sandbank serve` process; `restart` starts a new one on the same data directory."""
 
-    def __init__(self, data: Path, env: dict[str, str]) -> None:
+    def __init__(self, data: Path, env: dict[str, str], ready: str = "/api/openapi.json") -> None:
         self.data = data
+        self.ready = ready
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = _env(env)
@@ -79,7 +80,7 @@ class Server:
             if self.proc.poll() is not None:
                 pytest.fail(f"sandbank serve exited: {self.log.read_text()[-3000:]}")
             try:
-                if httpx.get(self.url + "/api/openapi.json", timeout=2).status_code == 200:
+                if httpx.get(self.url + self.ready, timeout=2).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -115,8 +116,10 @@ class Server:
 
 
 @contextmanager
-def running(env: dict[str, str], data: Path | None = None) -> Iterator[Server]:
-    server = Server(data or data_dir(), env)
+def running(
+    env: dict[str, str], data: Path | None = None, ready: str = "/api/openapi.json"
+) -> Iterator[Server]:
+    server = Server(data or data_dir(), env, ready)
     server.start()
     try:
         yield server

@@ -93,8 +93,10 @@ def check_whole_life(client: Client) -> None:
     assert httpx.get(link["url"]).status_code == 404
 
 
-def test_whole_life_on_the_default_stack(alice: Client) -> None:
+def test_whole_life_on_the_default_stack(alice: Client, llm: FakeLLM) -> None:
+    asked = len(llm.paths)
     check_whole_life(alice)
+    assert llm.paths[asked:] and all(p == "/v1/chat/completions" for p in llm.paths[asked:])
 
 
 def test_the_agent_cannot_change_an_upload(alice: Client) -> None:

@@ -203,8 +203,7 @@ class Runs:
         message: str | None = "internal error"
         try:
             lease, recreated = await self._lease(sid, owner, had_history=bool(history))
-            await self._place(sid, owner, lease)
-            before = await self._snapshot(lease, owner)
+            before = await self._place(sid, owner, lease)
             result = await run_turn(
                 model=model,
                 workbench=SandboxWorkbench(self.sandboxes, lease.sandbox_id, owner),
@@ -257,9 +256,16 @@ class Runs:
         if lease is not None:
             await self.sandboxes.destroy(lease.sandbox_id, owner)
 
-    async def _place(self, sid: str, owner: str, lease: Lease) -> None:
+    async def _place(self, sid: str, owner: str, lease: Lease) -> dict[str, tuple[int, float]]:
+        """Put the session's files in the workspace; returns the workspace's files after."""
+        present = await self._snapshot(lease, owner)
+        placed_any = False
         for record in await self.files.list(sid):
-            if lease.placed.get(record.filename) == record.updated_at:
+            there = present.get(record.filename)
+            # Code may have removed or (remotely) changed a file: its size tells.
+            if lease.placed.get(record.filename) == record.updated_at and (
+                there is not None and there[0] == record.size
+            ):
                 continue
             with tempfile.TemporaryDirectory(prefix="sandbank-place-") as tmp:
                 path = Path(tmp) / "file"
@@ -272,6 +278,8 @@ class Runs:
                     lease.sandbox_id, owner, record.filename, path, record.origin == "user"
                 )
             lease.placed[record.filename] = record.updated_at
+            placed_any = True
+        return await self._snapshot(lease, owner) if placed_any else present
 
     async def _snapshot(self, lease: Lease, owner: str) -> dict[str, tuple[int, float]]:
         entries = await self.sandboxes.list_files(lease.sandbox_id, owner)

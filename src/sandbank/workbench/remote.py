@@ -60,7 +60,9 @@ def from_response(body: dict[str, Any], duration_ms: int) -> ExecResult:
 class RemoteSandboxes:
     """A client of the code-execution protocol. `owner` is not sent: the token is the tenant."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         token = settings.sandbox_token.get_secret_value()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = settings.sandbox_url.rstrip("/")
@@ -68,6 +70,7 @@ class RemoteSandboxes:
         self.client = httpx.AsyncClient(
             base_url=self.base_url,
             headers=headers,
+            transport=transport,
             timeout=httpx.Timeout(
                 settings.exec_timeout_max + HTTP_SLACK_S, connect=CONNECT_TIMEOUT_S
             ),
