@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import logging
@@ -9,19 +10,31 @@ from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Mount, Route
 
+from .agent.anyllm import AnyLLMModel, model_from_settings
+from .agent.model import Model
 from .config import Settings
-from .errors import SandbankError
+from .errors import ModelEndpointRefused, ModelNotConfigured, SandbankError
 from .execapi import openapi
 from .execapi.auth import TokenAuth, load_tokens
 from .execapi.routes import ExecApi
+from .files import ObjectStore, open_object_store
 from .http import EXCEPTION_HANDLERS, HostAllowList
+from .interpreter.files import SessionFiles
+from .interpreter.identity import Identity
+from .interpreter.routes import InterpreterApi
+from .interpreter.runs import Runs
+from .interpreter.service import Interpreter
 from .sandbox.sessions import Runtime
+from .store import Store, open_store
+from .workbench import Sandboxes, open_sandboxes
 
 log = logging.getLogger("sandbank")
+RESTARTED = "interrupted by a server restart"
 
 
 def is_loopback(host: str) -> bool:
@@ -43,6 +56,15 @@ def check_exposure(settings: Settings, tokens: list[str]) -> None:
         )
 
 
+def build_model(settings: Settings) -> Model | SandbankError:
+    """The configured model, or why there is none (then questions are refused at once)."""
+    try:
+        return model_from_settings(settings)
+    except (ModelNotConfigured, ModelEndpointRefused) as e:
+        log.warning("the agent is off: %s", e.message)
+        return e
+
+
 class Parts:
     """Everything the server is made of, built once per app (never at import time)."""
 
@@ -52,17 +74,87 @@ class Parts:
         tokens = load_tokens(settings)
         check_exposure(settings, tokens)
         self.exec_api = ExecApi(self.runtime, TokenAuth(tokens))
+        self.interpreter_api = InterpreterApi(settings.message_max_chars)
+        # Opened in `start` (they need the event loop):
+        self.store: Store | None = None
+        self.objects: ObjectStore | None = None
+        self.sandboxes: Sandboxes | None = None
+        self.model: Model | SandbankError | None = None
+        self.interpreter: Interpreter | None = None
+        self._expiry: asyncio.Task[None] | None = None
+        self._shutdown: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.runtime.start()
+        if self.settings.interpreter_api == "on":
+            await self._start_interpreter()
+
+    async def _start_interpreter(self) -> None:
+        s = self.settings
+        self.store = store = await open_store(s)
+        failed = await store.fail_pending_runs(RESTARTED)
+        if failed:
+            log.warning("%d run(s) ended by the restart were marked ERROR", len(failed))
+        self.objects = objects = await open_object_store(s)
+        self.sandboxes = sandboxes = open_sandboxes(s, self.runtime)
+        await sandboxes.start()
+        self.model = build_model(s)
+        files = SessionFiles(store, objects, s)
+        runs = Runs(store, files, sandboxes, self.model, s)
+        self.interpreter = Interpreter(store, files, runs, s)
+        self.interpreter_api.bind(self.interpreter, Identity(store, s))
+        self._expiry = asyncio.create_task(self.interpreter.expire_forever())
+
+    def begin_shutdown(self) -> asyncio.Task[None]:
+        """Running turns end ERROR "server shutting down", then every sandbox goes (once)."""
+        if self._shutdown is None:
+            self._shutdown = asyncio.get_running_loop().create_task(self._shut_down())
+        return self._shutdown
+
+    async def _shut_down(self) -> None:
+        if self.interpreter is not None:
+            await self.interpreter.shutdown()
+        await self.runtime.shutdown()
 
     async def stop(self) -> None:
-        await self.runtime.shutdown()
+        await self.begin_shutdown()
+        if self._expiry is not None:
+            self._expiry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._expiry
+        if self.sandboxes is not None:
+            await self.sandboxes.close()
+        if isinstance(self.model, AnyLLMModel):
+            await self.model.aclose()
+        if self.objects is not None:
+            await self.objects.close()
+        if self.store is not None:
+            await self.store.close()
+
+
+def _cors(settings: Settings) -> list[Middleware]:
+    """Same origin only unless origins are configured (browsers then enforce CORS)."""
+    origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
+    if not origins:
+        return []
+    return [
+        Middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type"],
+            max_age=600,
+        )
+    ]
 
 
 def create_app(settings: Settings) -> Starlette:
     parts = Parts(settings)
     routes: list[BaseRoute] = []
+    if settings.interpreter_api == "on":
+        routes.append(
+            Mount("/api", routes=parts.interpreter_api.routes(), middleware=_cors(settings))
+        )
     if settings.exec_api == "on":
         routes += parts.exec_api.routes()
         routes.append(Route("/openapi.json", _openapi, methods=["GET"]))

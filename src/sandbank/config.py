@@ -227,3 +227,63 @@ class Settings(BaseSettings):
         description="Characters of earlier turns sent back to the model; older tool outputs "
         "are shortened first, then the oldest turns dropped.",
     )
+
+    # --- interpreter API (/api) ---------------------------------------------------------------
+    interpreter_api: Literal["on", "off"] = Field(
+        "on", description="Serve the interpreter API (sessions, messages, files) under `/api`."
+    )
+    session_ttl_seconds: int = Field(
+        7 * 24 * 3600,
+        ge=1,
+        description="Time to live of an interpreter session (seconds from creation); expired "
+        "sessions are deleted with their messages, files and sandbox.",
+    )
+    session_expiry_interval_seconds: float = Field(
+        60.0, gt=0, description="How often expired interpreter sessions are looked for (seconds)."
+    )
+    message_max_chars: int = Field(
+        20_000, ge=1, description="Longest question a user may post (characters)."
+    )
+    max_sessions_per_user: int = Field(
+        100, ge=1, description="Interpreter sessions one user may have at once."
+    )
+    max_stored_bytes_per_user: int = Field(
+        1024 * MiB,
+        ge=1,
+        description="Bytes of uploaded and produced files one user may keep across sessions.",
+    )
+    max_runs_per_user: int = Field(
+        2,
+        ge=1,
+        description="Agent runs one user may have in progress at once; more are refused with 409.",
+    )
+    max_runs: int = Field(
+        4,
+        ge=1,
+        description="Agent runs in progress on this server at once; more are refused with 503.",
+    )
+    trusted_user_header: str = Field(
+        "",
+        description="Name of a header carrying the user id, set by an authenticating proxy "
+        "(e.g. `X-Forwarded-User`); empty (the default) turns it off. Honoured only from "
+        "`trusted_proxies`.",
+    )
+    trusted_proxies: str = Field(
+        "",
+        description="Comma-separated addresses or CIDRs (e.g. `10.0.0.0/8,127.0.0.1`) whose "
+        "`trusted_user_header` is believed; requests from anywhere else must bring an API key.",
+    )
+    cors_origins: str = Field(
+        "",
+        description="Comma-separated origins allowed to call `/api` from a browser "
+        "(CORS); empty allows the same origin only.",
+    )
+    sandbox_url: str = Field(
+        "",
+        description="Base URL of a code-execution API the interpreter runs its sandboxes on "
+        "(any conforming backend, this server's included); empty uses this server's own "
+        "runtime in-process.",
+    )
+    sandbox_token: SecretStr = Field(
+        SecretStr(""), description="Bearer token for `sandbox_url`; empty sends none."
+    )

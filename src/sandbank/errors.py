@@ -12,6 +12,9 @@
     ├── NotFound                       404  not_found
     │   └── SessionNotFound            404  session_not_found
     ├── Conflict                       409  conflict
+    │   ├── RunInProgress              409  run_in_progress
+    │   ├── TooManyRuns                409  too_many_runs
+    │   └── QuotaExceeded              409  quota_exceeded
     ├── PayloadTooLarge                413  payload_too_large
     ├── AtCapacity                     503  at_capacity
     ├── SandboxError                   500  sandbox_error
@@ -88,6 +91,18 @@ class IsADirectory(BadRequest):
 class Conflict(SandbankError):
     status = 409
     code = "conflict"
+
+
+class RunInProgress(Conflict):
+    code = "run_in_progress"
+
+
+class TooManyRuns(Conflict):
+    code = "too_many_runs"
+
+
+class QuotaExceeded(Conflict):
+    code = "quota_exceeded"
 
 
 class PayloadTooLarge(SandbankError):

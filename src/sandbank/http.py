@@ -35,6 +35,15 @@ ERROR_NUMBERS = {
     "isolation_unavailable": 1061,
     "misdirected": 1070,
     "method_not_allowed": 1080,
+    "agent_error": 1100,
+    "model_not_configured": 1101,
+    "model_endpoint_refused": 1102,
+    "model_unavailable": 1103,
+    "run_limit_reached": 1104,
+    "run_cancelled": 1105,
+    "run_in_progress": 1110,
+    "too_many_runs": 1111,
+    "quota_exceeded": 1112,
 }
 
 

@@ -1,0 +1,1 @@
+"""The interpreter API under `/api`: users' chat sessions with data, files and an agent."""

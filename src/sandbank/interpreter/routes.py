@@ -1,0 +1,144 @@
+"""HTTP routes of the interpreter API under `/api`: parse, make one service call, serialize."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from sandbank.errors import AtCapacity, BadRequest
+from sandbank.execapi.routes import untrusted_file_headers
+from sandbank.files import content_type
+from sandbank.interpreter import openapi, schemas
+from sandbank.interpreter.identity import Identity
+from sandbank.interpreter.service import Interpreter
+from sandbank.store import User
+
+MAX_MESSAGE_BODY_SLACK = 4096  # JSON syntax and a `role` beside the content
+
+
+class InterpreterApi:
+    """Routes over a service that exists once the app has started (its store is async)."""
+
+    def __init__(self, max_message_chars: int) -> None:
+        self.service: Interpreter | None = None
+        self.identity: Identity | None = None
+        self.max_message_chars = max_message_chars
+
+    def bind(self, service: Interpreter, identity: Identity) -> None:
+        self.service, self.identity = service, identity
+
+    def routes(self) -> list[Route]:
+        r: list[tuple[str, Callable[[Request], object], str]] = [
+            ("/sessions", self.create_session, "POST"),
+            ("/sessions", self.list_sessions, "GET"),
+            ("/sessions/{session_id}", self.get_session, "GET"),
+            ("/sessions/{session_id}", self.delete_session, "DELETE"),
+            ("/sessions/{session_id}/cancel", self.cancel, "POST"),
+            ("/sessions/{session_id}/messages", self.post_message, "POST"),
+            ("/sessions/{session_id}/messages", self.list_messages, "GET"),
+            ("/sessions/{session_id}/files", self.list_files, "GET"),
+            ("/sessions/{session_id}/files/upload", self.upload_form, "GET"),
+            ("/sessions/{session_id}/files/download", self.download_url, "GET"),
+            ("/uploads", self.receive_upload, "POST"),
+            ("/downloads", self.serve_download, "GET"),
+            ("/openapi.json", self.openapi, "GET"),
+        ]
+        return [Route(path, fn, methods=[m]) for path, fn, m in r]
+
+    async def _caller(self, request: Request) -> tuple[Interpreter, User]:
+        if self.service is None or self.identity is None:
+            raise AtCapacity("the server is starting", retry_after=2)
+        return self.service, await self.identity.user(request)
+
+    async def _in_session(self, request: Request) -> tuple[Interpreter, User, str]:
+        service, user = await self._caller(request)
+        return service, user, schemas.session_id(request.path_params["session_id"])
+
+    async def _service(self) -> Interpreter:
+        if self.service is None:
+            raise AtCapacity("the server is starting", retry_after=2)
+        return self.service
+
+    # --- sessions ------------------------------------------------------------------------------
+    async def create_session(self, request: Request) -> Response:
+        service, user = await self._caller(request)
+        return JSONResponse(schemas.session_out(await service.create_session(user)))
+
+    async def list_sessions(self, request: Request) -> Response:
+        service, user = await self._caller(request)
+        sessions = await service.list_sessions(user)
+        return JSONResponse([schemas.session_out(s) for s in sessions])
+
+    async def get_session(self, request: Request) -> Response:
+        service, user, sid = await self._in_session(request)
+        return JSONResponse(schemas.session_out(await service.get_session(user, sid)))
+
+    async def delete_session(self, request: Request) -> Response:
+        service, user, sid = await self._in_session(request)
+        await service.delete_session(user, sid)
+        return JSONResponse({})
+
+    async def cancel(self, request: Request) -> Response:
+        service, user, sid = await self._in_session(request)
+        return JSONResponse(schemas.session_out(await service.cancel(user, sid)))
+
+    # --- messages ------------------------------------------------------------------------------
+    async def post_message(self, request: Request) -> Response:
+        service, user, sid = await self._in_session(request)
+        raw = await _body(request, self.max_message_chars * 4 + MAX_MESSAGE_BODY_SLACK)
+        content = schemas.message_content(
+            raw, request.headers.get("content-type", ""), self.max_message_chars
+        )
+        message = await service.post_message(user, sid, content)
+        return JSONResponse(schemas.message_out(message))
+
+    async def list_messages(self, request: Request) -> Response:
+        service, user, sid = await self._in_session(request)
+        after = schemas.after(request.query_params.get("from"))
+        messages = await service.messages(user, sid, after)
+        return JSONResponse([schemas.message_out(m) for m in messages])
+
+    # --- files ---------------------------------------------------------------------------------
+    async def list_files(self, request: Request) -> Response:
+        service, user, sid = await self._in_session(request)
+        return JSONResponse([schemas.file_out(f) for f in await service.list_files(user, sid)])
+
+    async def upload_form(self, request: Request) -> Response:
+        service, user, sid = await self._in_session(request)
+        filename = schemas.upload_name(request.query_params.get("filename"))
+        form = await service.upload_form(user, sid, filename)
+        return JSONResponse({"url": form.url, "fields": form.fields})
+
+    async def download_url(self, request: Request) -> Response:
+        service, user, sid = await self._in_session(request)
+        filename = schemas.stored_name(request.query_params.get("filename"))
+        return JSONResponse({"url": await service.download_url(user, sid, filename)})
+
+    async def receive_upload(self, request: Request) -> Response:
+        """The presigned form's target (local store): its signature is the credential."""
+        await (await self._service()).files.receive(request)
+        return Response(status_code=204)
+
+    async def serve_download(self, request: Request) -> Response:
+        """A presigned download URL (local store): its signature is the credential."""
+        download = await (await self._service()).files.download(request.query_params)
+        return StreamingResponse(
+            download.chunks,
+            media_type=content_type(download.filename),
+            headers=untrusted_file_headers(download.filename),
+        )
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi.document())
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise BadRequest(f"the request body is larger than {limit} bytes")
+    return bytes(raw)

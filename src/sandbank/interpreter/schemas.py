@@ -1,0 +1,102 @@
+"""Requests and responses of the interpreter API: strict parsing (every failure a 400), JSON out."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from typing import Any
+
+from sandbank.errors import BadRequest
+from sandbank.files import validate_filename
+from sandbank.store import FileRecord, Message, Session
+
+MESSAGE_FIELDS = {"content", "role"}
+
+
+def session_id(raw: str) -> str:
+    try:
+        return str(uuid.UUID(raw))
+    except ValueError:
+        raise BadRequest(f"session_id must be a UUID, got {raw[:100]!r}") from None
+
+
+def after(raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadRequest(f"`from` must be a number (POSIX seconds), got {raw[:100]!r}") from None
+    if not math.isfinite(value):
+        raise BadRequest("`from` must be a finite number")
+    return value
+
+
+def upload_name(raw: str | None) -> str:
+    if raw is None:
+        raise BadRequest("the query parameter `filename` is required")
+    return validate_filename(raw)
+
+
+def stored_name(raw: str | None) -> str:
+    """A file of the session: an upload's name or a produced file's workspace-relative path."""
+    if raw is None:
+        raise BadRequest("the query parameter `filename` is required")
+    return "/".join(validate_filename(part) for part in raw.split("/"))
+
+
+def is_json(content_type: str) -> bool:
+    media = content_type.split(";")[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def message_content(raw: bytes, content_type: str, max_chars: int) -> str:
+    """The question of a `PostMessage` body: `{"content": "...", "role": "user"?}` and no more."""
+    # Requiring JSON keeps cross-site HTML forms (which cannot send it) from posting questions.
+    if not is_json(content_type):
+        raise BadRequest("the request body must be JSON (Content-Type: application/json)")
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    extra = sorted(set(body) - MESSAGE_FIELDS)
+    if extra:
+        raise BadRequest(
+            f"unexpected field(s) {', '.join(extra)}: a posted message has only `content` "
+            "(and optionally `role`: `user`)"
+        )
+    if "role" in body and body["role"] != "user":
+        raise BadRequest("`role` must be `user` when given")
+    content = body.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise BadRequest("`content` must be a non-empty string")
+    if len(content) > max_chars:
+        raise BadRequest(f"`content` is longer than {max_chars} characters")
+    return content
+
+
+def session_out(session: Session) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "session_id": session.id,
+        "status": session.status,
+        "ttl": int(session.ttl),
+    }
+    if session.status_message is not None:
+        out["status_message"] = session.status_message
+    return out
+
+
+def message_out(message: Message) -> dict[str, Any]:
+    return {
+        "timestamp": message.timestamp,
+        "role": message.role,
+        "content": message.content,
+        "internal": message.internal,
+    }
+
+
+def file_out(record: FileRecord) -> dict[str, Any]:
+    return {"filename": record.filename, "size": record.size, "origin": record.origin}

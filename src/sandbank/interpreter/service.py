@@ -1,0 +1,97 @@
+"""The interpreter API's service: sessions, messages and files of a user, with their limits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from sandbank.config import Settings
+from sandbank.errors import Forbidden, QuotaExceeded, SandbankError, SessionNotFound
+from sandbank.files import PresignedPost
+from sandbank.interpreter.files import SessionFiles
+from sandbank.interpreter.runs import Runs
+from sandbank.store import FileRecord, Message, Session, Store, User
+
+log = logging.getLogger(__name__)
+
+
+class Interpreter:
+    def __init__(self, store: Store, files: SessionFiles, runs: Runs, settings: Settings) -> None:
+        self.store = store
+        self.files = files
+        self.runs = runs
+        self.settings = settings
+
+    async def _owned(self, user: User, session_id: str) -> Session:
+        session = await self.store.get_session(session_id)
+        if session is None:
+            raise SessionNotFound(f"no session {session_id}")
+        if session.user_id != user.id:
+            raise Forbidden("this session belongs to another user")
+        return session
+
+    # --- sessions ------------------------------------------------------------------------------
+    async def create_session(self, user: User) -> Session:
+        limit = self.settings.max_sessions_per_user
+        if await self.store.count_sessions(user.id) >= limit:
+            raise QuotaExceeded(f"you have {limit} sessions, the most allowed: delete some first")
+        return await self.store.create_session(user.id, self.settings.session_ttl_seconds)
+
+    async def list_sessions(self, user: User) -> list[Session]:
+        return await self.store.list_sessions(user.id)
+
+    async def get_session(self, user: User, session_id: str) -> Session:
+        return await self._owned(user, session_id)
+
+    async def delete_session(self, user: User, session_id: str) -> None:
+        await self._owned(user, session_id)
+        await self.remove(session_id)
+
+    async def remove(self, session_id: str) -> None:
+        """Stop its run and sandbox, then delete its messages, records and objects."""
+        await self.runs.stop(session_id, None)
+        await self.store.delete_session(session_id)
+        await self.files.forget(session_id)
+
+    async def cancel(self, user: User, session_id: str) -> Session:
+        await self._owned(user, session_id)
+        await self.runs.cancel(session_id)
+        return await self._owned(user, session_id)
+
+    async def expire_forever(self) -> None:
+        """The periodic task deleting expired sessions with everything they own."""
+        while True:
+            await asyncio.sleep(self.settings.session_expiry_interval_seconds)
+            try:
+                for session_id in await self.store.expired_sessions(time.time()):
+                    log.info("session %s expired: deleting it", session_id)
+                    await self.remove(session_id)
+            except SandbankError as e:
+                log.error("expiring sessions failed: %s", e.message)
+
+    # --- messages ------------------------------------------------------------------------------
+    async def post_message(self, user: User, session_id: str, content: str) -> Message:
+        return await self.runs.begin(await self._owned(user, session_id), content)
+
+    async def messages(self, user: User, session_id: str, after: float | None) -> list[Message]:
+        await self._owned(user, session_id)
+        return await self.store.list_messages(session_id, after)
+
+    # --- files ---------------------------------------------------------------------------------
+    async def upload_form(self, user: User, session_id: str, filename: str) -> PresignedPost:
+        await self._owned(user, session_id)
+        return await self.files.upload_form(user.id, session_id, filename)
+
+    async def download_url(self, user: User, session_id: str, filename: str) -> str:
+        await self._owned(user, session_id)
+        return await self.files.download_url(session_id, filename)
+
+    async def list_files(self, user: User, session_id: str) -> list[FileRecord]:
+        await self._owned(user, session_id)
+        return await self.files.list(session_id)
+
+    async def shutdown(self) -> None:
+        with contextlib.suppress(SandbankError):
+            await self.runs.shutdown()

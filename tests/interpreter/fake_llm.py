@@ -1,0 +1,126 @@
+"""A fake LLM on loopback answering by the question: OpenAI chat completions or Anthropic messages.
+
+The question picks the code the "model" runs (see `CODE`); once a tool result comes back, it
+answers with that result quoted, so tests see the real output travel through the whole stack.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from tests.agent.fake_llm_servers import (
+    anthropic_answer,
+    anthropic_tool_use,
+    openai_answer,
+    openai_tool_call,
+)
+
+CHART_CODE = """\
+import pandas as pd
+import matplotlib.pyplot as plt
+df = pd.read_csv("data.csv")
+print("TOTAL", df["value"].sum())
+fig = plt.figure()
+plt.bar(df["name"], df["value"])
+fig.savefig("chart.png")
+plt.close("all")
+"""
+OVERWRITE_CODE = """\
+import os
+for attempt in (lambda: open("data.csv", "w"), lambda: os.remove("data.csv"),
+                lambda: os.rename("data.csv", "moved.csv")):
+    try:
+        attempt()
+        print("CHANGED")
+    except OSError as e:
+        print("REFUSED", type(e).__name__)
+print(open("data.csv").read().splitlines()[0])
+"""
+# Keyword in the question → the code the model runs.
+CODE = {
+    "chart": CHART_CODE,
+    "overwrite": OVERWRITE_CODE,
+    "sleep": "import time\nprint('sleeping', flush=True)\ntime.sleep(300)",
+}
+_ids = itertools.count(1)
+
+
+def _code_for(question: str) -> str | None:
+    return next((code for word, code in CODE.items() if word in question.lower()), None)
+
+
+def openai_reply(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    last = request["messages"][-1]
+    if last["role"] == "tool":
+        return openai_answer(f"Result: {last['content']}")
+    code = _code_for(str(last["content"]))
+    if code is None:
+        return openai_answer("Hello from the fake model.")
+    status, body = openai_tool_call(code)
+    body["choices"][0]["message"]["tool_calls"][0]["id"] = f"call_{next(_ids)}"
+    return status, body
+
+
+def anthropic_reply(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    last = request["messages"][-1]
+    blocks = last["content"] if isinstance(last["content"], list) else []
+    results = [b for b in blocks if b.get("type") == "tool_result"]
+    if results:
+        content = results[-1]["content"]
+        text = content if isinstance(content, str) else json.dumps(content)
+        return anthropic_answer(f"Result: {text}")
+    question = last["content"] if isinstance(last["content"], str) else json.dumps(blocks)
+    code = _code_for(question)
+    if code is None:
+        return anthropic_answer("Hello from the fake model.")
+    status, body = anthropic_tool_use(code)
+    body["content"][1]["id"] = f"toolu_{next(_ids)}"
+    return status, body
+
+
+@dataclass
+class FakeLLM:
+    url: str = ""
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+
+
+@contextmanager
+def fake_llm() -> Iterator[FakeLLM]:
+    """Serves both APIs: `/v1/messages` is Anthropic's, every other POST OpenAI's."""
+    fake = FakeLLM()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            fake.requests.append(body)
+            fake.paths.append(self.path)
+            reply = anthropic_reply if self.path.endswith("/messages") else openai_reply
+            status, payload = reply(body)
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield fake
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
