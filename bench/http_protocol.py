@@ -14,6 +14,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import httpx
@@ -39,12 +40,18 @@ def create(c: httpx.Client) -> str:
     return sid
 
 
+PANDAS = 'import pandas as pd; pd.DataFrame({"a": [1]}).sum()'
+
+
+def destroy(c: httpx.Client, sid: str) -> None:
+    c.delete(f"/sessions/{sid}").raise_for_status()
+
+
 def report(name: str, samples: list[float]) -> None:
     samples = sorted(samples)
     p90 = samples[int(len(samples) * 0.9) - 1] if len(samples) >= 10 else samples[-1]
-    print(
-        f"{name:<34} median {statistics.median(samples):8.2f} ms   p90 {p90:8.2f} ms   n={len(samples)}"
-    )
+    med = statistics.median(samples)
+    print(f"{name:<34} median {med:8.2f} ms   p90 {p90:8.2f} ms   n={len(samples)}")
 
 
 def main() -> None:
@@ -58,18 +65,16 @@ def main() -> None:
     c = httpx.Client(base_url=args.url, headers=headers, timeout=120)
     creates, firsts, warms, destroys, pandas = [], [], [], [], []
     for _ in range(args.rounds):
-        ms, sid = timed(lambda: create(c))
+        ms, sid = timed(partial(create, c))
         creates.append(ms)
-        firsts.append(timed(lambda: execute(c, sid, "print(1)"))[0])
+        firsts.append(timed(partial(execute, c, sid, "print(1)"))[0])
         for _ in range(20):
-            warms.append(timed(lambda: execute(c, sid, "print(1)"))[0])
-        destroys.append(timed(lambda: c.delete(f"/sessions/{sid}").raise_for_status())[0])
+            warms.append(timed(partial(execute, c, sid, "print(1)"))[0])
+        destroys.append(timed(partial(destroy, c, sid))[0])
         time.sleep(args.pause)
     for _ in range(max(5, args.rounds // 3)):
         sid = create(c)
-        ms, out = timed(
-            lambda: execute(c, sid, 'import pandas as pd; pd.DataFrame({"a": [1]}).sum()')
-        )
+        ms, out = timed(partial(execute, c, sid, PANDAS))
         assert "a    1" in out["stdout"], out
         pandas.append(ms)
         c.delete(f"/sessions/{sid}")

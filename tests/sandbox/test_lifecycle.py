@@ -243,7 +243,7 @@ def test_defaults_are_wired() -> None:
         uids=UidAllocator(UID_LOCK_DIR, 1, 1), limits=lim, preimport=True, seccomp_program=b"",
     )  # fmt: skip
     sandbox.uid = 123456
-    argv = sandbox._argv(9)
+    argv = sandbox._argv(9, 10)
     assert argv[argv.index("--size") + 1] == str(s.tmp_limit_mb * MiB)
     assert str(lim.open_files) in argv and "--seccomp" in argv and "--unshare-all" in argv
     assert "--reuid=123456" in argv and "--no-new-privs" in argv

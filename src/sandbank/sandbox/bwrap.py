@@ -107,7 +107,7 @@ class BwrapSandbox(ManagedSandbox):
         (etc / "hostname").write_text("sandbox\n")
         (etc / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
 
-    def _argv(self, seccomp_fd: int) -> list[str]:
+    def _argv(self, seccomp_fd: int, interrupt_fd: int) -> list[str]:
         uid = str(self.uid)
         lim = self.limits
         env = {
@@ -118,6 +118,7 @@ class BwrapSandbox(ManagedSandbox):
             "TMPDIR": "/tmp",
             "SANDBANK_WORKSPACE": "/workspace",
             "SANDBANK_PREIMPORT": "1" if self.preimport else "0",
+            "SANDBANK_INTERRUPT_FD": str(interrupt_fd),
             "MPLBACKEND": "module://sandbank_mplbackend",
             "MPLCONFIGDIR": "/tmp/.matplotlib",
             "XDG_CACHE_HOME": "/tmp/.cache",
@@ -162,9 +163,14 @@ class BwrapSandbox(ManagedSandbox):
 
     async def _launch(self) -> WorkerProcess:
         fd = filter_fd(self.seccomp_program)
+        pipe = WorkerProcess.interrupt_pipe()
         try:
             return await WorkerProcess.spawn(
-                self._argv(fd), env={"PATH": HOST_PATH}, pass_fds=[fd], max_frame=MAX_FRAME
+                self._argv(fd, pipe[0]),
+                env={"PATH": HOST_PATH},
+                pass_fds=[fd],
+                max_frame=MAX_FRAME,
+                interrupt_pipe=pipe,
             )
         finally:
             os.close(fd)

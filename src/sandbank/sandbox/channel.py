@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -25,28 +26,51 @@ class WorkerGone(Exception):
 
 
 class WorkerProcess:
-    def __init__(self, proc: asyncio.subprocess.Process, max_frame: int) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, max_frame: int, interrupts: int) -> None:
         self.proc = proc
         self.max_frame = max_frame
+        self._interrupts = interrupts  # write end of the worker's interrupt pipe
         self._stderr_tail = b""
         self._stderr_task = asyncio.create_task(self._drain_stderr())
 
+    @staticmethod
+    def interrupt_pipe() -> tuple[int, int]:
+        """(read end for the worker, write end for us); the worker learns its number from env."""
+        return os.pipe()
+
     @classmethod
     async def spawn(
-        cls, argv: Sequence[str], env: dict[str, str], pass_fds: Sequence[int], max_frame: int
+        cls,
+        argv: Sequence[str],
+        env: dict[str, str],
+        pass_fds: Sequence[int],
+        max_frame: int,
+        interrupt_pipe: tuple[int, int],
     ) -> WorkerProcess:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            pass_fds=tuple(pass_fds),
-            close_fds=True,
-            start_new_session=True,
-            limit=1 << 16,
-        )
-        return cls(proc, max_frame)
+        r, w = interrupt_pipe
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                pass_fds=(*pass_fds, r),
+                close_fds=True,
+                start_new_session=True,
+                limit=1 << 16,
+            )
+        except BaseException:
+            os.close(w)
+            raise
+        finally:
+            os.close(r)
+        return cls(proc, max_frame, w)
+
+    def interrupt(self, hard: bool = False) -> None:
+        """SIGINT the running call (hard: SIGKILL its processes); the worker acts at once."""
+        with contextlib.suppress(OSError):
+            os.write(self._interrupts, b"k" if hard else b"i")
 
     @property
     def pid(self) -> int:
@@ -108,3 +132,6 @@ class WorkerProcess:
         if self.proc.stdin is not None:
             with contextlib.suppress(Exception):
                 self.proc.stdin.close()
+        if self._interrupts >= 0:
+            os.close(self._interrupts)
+            self._interrupts = -1

@@ -197,7 +197,7 @@ class ManagedSandbox(ABC):
     async def _on_timeout(
         self, worker: WorkerProcess, call: ToolCall, deadline: float
     ) -> ExecResult:
-        await worker.send({"op": "interrupt"})
+        worker.interrupt()
         try:
             res = _parse(await asyncio.wait_for(worker.recv(), self.limits.grace))
             res.stderr += "\n[sandbank] timed out: interrupted; the session's state is kept\n"
@@ -207,7 +207,7 @@ class ManagedSandbox(ABC):
             pass
         if isinstance(call, BashCall):
             # The shell ignored SIGINT: kill its command group, keep the Python interpreter.
-            await worker.send({"op": "interrupt", "hard": True})
+            worker.interrupt(hard=True)
             try:
                 res = _parse(await asyncio.wait_for(worker.recv(), HARD_GRACE))
                 res.stderr += (

@@ -51,7 +51,11 @@ class UnisolatedSandbox(ManagedSandbox):
             "PYTHONPATH": str(INSIDE_DIR / "mpl"),
         }
         argv = [str(python), "-s", str(INSIDE_DIR / "worker.py")]
-        return await WorkerProcess.spawn(argv, env=env, pass_fds=[], max_frame=MAX_FRAME)
+        pipe = WorkerProcess.interrupt_pipe()
+        env["SANDBANK_INTERRUPT_FD"] = str(pipe[0])
+        return await WorkerProcess.spawn(
+            argv, env=env, pass_fds=[], max_frame=MAX_FRAME, interrupt_pipe=pipe
+        )
 
     async def _kill_everything(self) -> None:
         if self._worker is not None:

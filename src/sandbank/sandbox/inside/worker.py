@@ -12,7 +12,6 @@ import contextlib
 import json
 import linecache
 import os
-import queue
 import secrets
 import signal
 import stat
@@ -262,7 +261,8 @@ class Interpreter:
 
 def save_figures() -> None:
     """Figures still open at the end of a call are saved and closed, as `plt.show()` does."""
-    if "matplotlib.pyplot" not in sys.modules:
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None or not plt.get_fignums():
         return
     try:
         import sandbank_mplbackend
@@ -411,26 +411,35 @@ class Worker:
         self.channel = channel
         self.interp = Interpreter()
         self.shell = Shell()
-        self.requests: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.busy: str | None = None
+        self.busy_lock = threading.Lock()  # no interrupt is sent once a call has ended
         self.main_thread = threading.main_thread().ident
         import editor  # beside this file
 
         self.editor = editor.Editor(WORKSPACE)
 
-    def reader(self) -> None:
-        # The only reader of the control pipe: interrupts act at once, the rest queue up.
-        try:
-            while True:
-                msg = self.channel.recv()
-                if msg.get("op") == "interrupt":
-                    self.interrupt(bool(msg.get("hard")))
-                else:
-                    self.requests.put(msg)
-        except (EOFError, OSError, ValueError):
-            self.requests.put(None)
+    def watch_interrupts(self, fd: int) -> None:
+        # Interrupts come on a pipe of their own, so requests reach the main thread directly
+        # (one wake-up per call, not two). Its end means the server is gone: so are we.
+        while True:
+            try:
+                data = os.read(fd, 64)
+            except OSError:
+                data = b""
+            if not data:
+                os._exit(0)
+            for byte in data:
+                self.interrupt(hard=byte == ord("k"))
+
+    def set_busy(self, kind: str | None) -> None:
+        with self.busy_lock:
+            self.busy = kind
 
     def interrupt(self, hard: bool) -> None:
+        with self.busy_lock:
+            self._interrupt(hard)
+
+    def _interrupt(self, hard: bool) -> None:
         sig = signal.SIGKILL if hard else signal.SIGINT
         if self.busy == "bash":
             self.shell.interrupt(sig)
@@ -444,17 +453,25 @@ class Worker:
             if not hard and self.main_thread is not None:
                 signal.pthread_kill(self.main_thread, signal.SIGINT)
 
-    def serve(self) -> None:
-        threading.Thread(target=self.reader, daemon=True).start()
+    def serve(self, interrupt_fd: int) -> None:
+        threading.Thread(target=self.watch_interrupts, args=(interrupt_fd,), daemon=True).start()
         while True:
-            msg = self.requests.get()
-            if msg is None:
+            try:
+                msg = self.channel.recv()
+            except (EOFError, OSError, ValueError):
                 return
             try:
                 reply = self.handle(msg)
             except KeyboardInterrupt:
                 reply = {"stdout": "", "stderr": "KeyboardInterrupt\n", "return_code": 130}
             self.channel.send(reply)
+
+    def warm_up(self) -> None:
+        """Run one empty call, so the first real one does not pay for first-time set-up."""
+        with Capture(1024):
+            self.interp.run("None")
+        self.interp.cell = 0
+        scan()
 
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         op = msg.get("op")
@@ -463,12 +480,12 @@ class Worker:
             return {"ok": True}
         if op == "python":
             before = scan()
-            self.busy = "python"
+            self.set_busy("python")
             try:
                 with Capture(limit) as cap:
                     rc = self.interp.run(str(msg["code"]))
             finally:
-                self.busy = None
+                self.set_busy(None)
             return {
                 "stdout": cap.out,
                 "stderr": cap.err,
@@ -477,11 +494,11 @@ class Worker:
             }
         if op == "bash":
             before = scan()
-            self.busy = "bash"
+            self.set_busy("bash")
             try:
                 out, err, rc = self.shell.run(str(msg["command"]), limit)
             finally:
-                self.busy = None
+                self.set_busy(None)
             return {"stdout": out, "stderr": err, "return_code": rc, "files": produced(before)}
         if op == "edit":
             out, err, rc = self.editor.run(msg)
@@ -505,7 +522,10 @@ def _group_members(pgid: int) -> list[int]:
 
 
 def preimport() -> None:
-    import matplotlib.pyplot  # noqa: F401
+    import matplotlib.pyplot
+    import sandbank_mplbackend  # noqa: F401 - resolving the backend costs ~20 ms on first use
+
+    matplotlib.pyplot.get_backend()
     import numpy  # noqa: F401
     import pandas  # noqa: F401
 
@@ -525,8 +545,11 @@ def main() -> None:
     worker = Worker(channel)
     worker.interp.namespace = sys.modules["__main__"].__dict__
     worker.interp.namespace["__builtins__"] = __builtins__
+    interrupt_fd = int(os.environ.pop("SANDBANK_INTERRUPT_FD"))
+    os.set_inheritable(interrupt_fd, False)
+    worker.warm_up()
     channel.send({"ready": True, "pid": os.getpid(), "t": time.time()})
-    worker.serve()
+    worker.serve(interrupt_fd)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,152 @@
+"""Benchmark the sandbox runtime in-process (no HTTP); prints medians. Run as root.
+
+    .venv/bin/python bench/runtime.py [--rounds 20] [--soak 1000]
+
+Measures a lease from the warm pool, the first call after a lease, a warm `print(1)` round
+trip, the first pandas call of a fresh lease, idle memory per session (PSS of every process
+in its cgroup), create+execute+destroy cycles per second with 2 concurrent clients; with
+--soak N, runs N create/execute/destroy cycles and counts what is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from sandbank.config import Settings
+from sandbank.sandbox.base import PythonCall
+from sandbank.sandbox.bwrap import BwrapSandbox
+from sandbank.sandbox.sessions import Runtime
+
+TENANT = "bench"
+
+
+def report(name: str, samples: list[float], unit: str = "ms") -> None:
+    samples = sorted(samples)
+    p90 = samples[max(0, int(len(samples) * 0.9) - 1)]
+    med = statistics.median(samples)
+    print(f"{name:<40} median {med:9.3f} {unit}   p90 {p90:9.3f} {unit}   n={len(samples)}")
+
+
+def pss_mib(sandbox: BwrapSandbox) -> float:
+    total = 0
+    for pid in sandbox.cgroup.pids():
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+async def call(rt: Runtime, sid: str, code: str) -> float:
+    t0 = time.perf_counter()
+    r = await rt.execute(sid, TENANT, PythonCall(code), 60)
+    assert r.return_code == 0, r.stderr
+    return (time.perf_counter() - t0) * 1000
+
+
+async def main(args: argparse.Namespace) -> None:
+    data = Path(tempfile.mkdtemp(prefix="sandbank-bench-"))
+    data.chmod(0o711)  # noqa: ASYNC240 - set-up, before anything is measured
+    settings = Settings(data_dir=data, pool_size=args.pool, max_sessions=64)
+    rt = Runtime(settings)
+    await rt.start()
+    try:
+        leases, firsts, warms, pandas, pss = [], [], [], [], []
+        for _ in range(args.rounds):
+            await rt.pool.wait_full(timeout=300)
+            t0 = time.perf_counter()
+            s = await rt.create(TENANT)
+            leases.append((time.perf_counter() - t0) * 1000)
+            firsts.append(await call(rt, s.id, "print(1)"))
+            for _ in range(50):
+                warms.append(await call(rt, s.id, "print(1)"))
+            assert isinstance(s.sandbox, BwrapSandbox)
+            pss.append(pss_mib(s.sandbox))
+            await rt.destroy(s.id, TENANT)
+        for _ in range(max(5, args.rounds // 2)):
+            await rt.pool.wait_full(timeout=300)
+            s = await rt.create(TENANT)
+            pandas.append(
+                await call(rt, s.id, 'import pandas as pd; pd.DataFrame({"a": [1]}).sum()')
+            )
+            await rt.destroy(s.id, TENANT)
+        await rt.drain()
+        report("lease from the warm pool", leases)
+        report("first call after a lease (print(1))", firsts)
+        report("warm print(1) round trip", warms)
+        report("first pandas call of a fresh lease", pandas)
+        report("idle PSS per session (pool, preimported)", pss, "MiB")
+
+        await rt.pool.wait_full(timeout=300)
+        done = 0
+        stop = time.monotonic() + 10
+
+        async def client() -> None:
+            nonlocal done
+            while time.monotonic() < stop:
+                s = await rt.create(TENANT)
+                await call(rt, s.id, "print(1)")
+                await rt.destroy(s.id, TENANT)
+                done += 1
+
+        t0 = time.monotonic()
+        await asyncio.gather(client(), client())
+        print(
+            f"{'create+exec+destroy, 2 clients':<40} {done / (time.monotonic() - t0):9.2f} cycles/s"
+        )
+    finally:
+        await rt.shutdown()
+
+    if args.soak:
+        await soak(args.soak, data)
+    shutil.rmtree(data, ignore_errors=True)
+
+
+async def soak(cycles: int, data: Path) -> None:
+    settings = Settings(data_dir=data, pool_size=0, max_sessions=64)
+    rt = Runtime(settings)
+    await rt.start()
+    uids: set[int] = set()
+    t0 = time.monotonic()
+    try:
+        for _ in range(cycles):
+            s = await rt.create(TENANT)
+            uids.add(s.sandbox.uid)
+            await call(rt, s.id, "print(1)")
+            await rt.destroy(s.id, TENANT)
+        await rt.drain()
+        rt.reap()
+        left = {k: v for k, v in rt.factory.leftovers().items() if v}
+        procs = [p for p in os.listdir("/proc") if p.isdigit() and _uid_of(p) in uids]
+    finally:
+        await rt.shutdown()
+    elapsed = time.monotonic() - t0
+    print(
+        f"soak: {cycles} cycles in {elapsed:.1f} s ({cycles / elapsed:.1f}/s), "
+        f"{len(uids)} distinct uids; left behind: resources {left or 'none'}, "
+        f"processes {len(procs)}"
+    )
+
+
+def _uid_of(pid: str) -> int:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return -1
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--pool", type=int, default=2)
+    ap.add_argument("--soak", type=int, default=0)
+    asyncio.run(main(ap.parse_args()))
