@@ -26,10 +26,14 @@ class WorkerGone(Exception):
 
 
 class WorkerProcess:
+    # Every worker process asyncio spawned and has not reaped yet: the orphan reaper skips them.
+    spawned: set[int] = set()
+
     def __init__(self, proc: asyncio.subprocess.Process, max_frame: int, interrupts: int) -> None:
         self.proc = proc
         self.max_frame = max_frame
         self._interrupts = interrupts  # write end of the worker's interrupt pipe
+        WorkerProcess.spawned.add(proc.pid)
         self._stderr_tail = b""
         self._stderr_task = asyncio.create_task(self._drain_stderr())
 
@@ -115,9 +119,11 @@ class WorkerProcess:
 
     async def wait(self, timeout: float = 5.0) -> int | None:
         try:
-            return await asyncio.wait_for(self.proc.wait(), timeout)
+            status = await asyncio.wait_for(self.proc.wait(), timeout)
         except TimeoutError:
             return None
+        WorkerProcess.spawned.discard(self.proc.pid)
+        return status
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):

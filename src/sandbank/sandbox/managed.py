@@ -160,10 +160,6 @@ class ManagedSandbox(ABC):
     def closed(self) -> bool:
         return self._closed
 
-    @property
-    def worker_pid(self) -> int | None:
-        return self._worker.pid if self._worker is not None else None
-
     # --- calls -------------------------------------------------------------------------------
     async def execute(self, call: ToolCall, deadline: float) -> ExecResult:
         started = time.monotonic()

@@ -78,6 +78,3 @@ class WarmPool:
                 await self._task
         while self._ready:
             await self._ready.popleft().close()
-
-    def pids(self) -> set[int]:
-        return {sb.worker_pid for sb in self._ready if sb.worker_pid}

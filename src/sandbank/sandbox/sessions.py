@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from ..config import Settings
 from ..errors import AtCapacity, SessionNotFound
 from .base import RC_TIMEOUT, ExecResult, ToolCall
+from .channel import WorkerProcess
 from .factory import SandboxFactory, become_subreaper, reap_orphans
 from .managed import ManagedSandbox
 from .pool import WarmPool
@@ -76,8 +77,7 @@ class Runtime:
             self._destroy_in_background(sid)
         await self.pool.close()
         await self.drain()
-        if self.factory.isolated:
-            reap_orphans(set())
+        self._reap_orphans()
         self.factory.release_instance()
 
     async def drain(self) -> None:
@@ -192,8 +192,7 @@ class Runtime:
 
     def _reap_orphans(self) -> None:
         if self.factory.isolated:
-            known = {pid for x in self._sessions.values() if (pid := x.sandbox.worker_pid)}
-            reap_orphans(known | self.pool.pids())
+            reap_orphans(WorkerProcess.spawned)
 
     def healthy(self) -> bool:
         return self._accepting
