@@ -271,3 +271,17 @@ async def test_unisolated_mode_is_explicit_and_loud(caplog: pytest.LogCaptureFix
             assert r.stdout == f"{os.getuid()}\n"
         finally:
             await rt.shutdown()
+
+
+async def test_a_cancelled_call_is_interrupted_and_the_next_call_is_in_step(sb: Shell) -> None:
+    await sb.py("kept = 'yes'")
+    call = asyncio.create_task(
+        sb.py("import time\nfor _ in range(600): time.sleep(0.05)\nkept = 'no'")
+    )
+    await asyncio.sleep(0.5)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    r = await sb.py("print(kept)")
+    assert (r.stdout, r.return_code) == ("yes\n", 0)  # the interrupted code stopped; state kept
+    assert (await sb.py("print(2)")).stdout == "2\n"

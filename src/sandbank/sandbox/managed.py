@@ -136,7 +136,7 @@ class ManagedSandbox(ABC):
         self._worker = await self._start_worker()
 
     async def _ready_worker(self) -> WorkerProcess:
-        if self._restart is not None:
+        if self._restart is not None:  # a restart, or the settling of a cancelled call
             task, self._restart = self._restart, None
             await task
         if self._worker is None:
@@ -189,6 +189,20 @@ class ManagedSandbox(ABC):
                 return await self._on_timeout(worker, call, deadline)
         except WorkerGone:
             return await self._on_death(worker, oom_before)
+        except asyncio.CancelledError:
+            # The caller gave up (a cancelled run): stop the code, and keep the channel in step
+            # by consuming the reply before the next call may start.
+            self._restart = asyncio.create_task(self._settle(worker))
+            raise
+
+    async def _settle(self, worker: WorkerProcess) -> None:
+        worker.interrupt()
+        try:
+            await asyncio.wait_for(worker.recv(), self.limits.grace)
+            return
+        except (TimeoutError, WorkerGone, SandboxError):
+            pass
+        await self._do_restart()
 
     async def _on_timeout(
         self, worker: WorkerProcess, call: ToolCall, deadline: float
