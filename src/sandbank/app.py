@@ -48,11 +48,15 @@ def is_loopback(host: str) -> bool:
 
 def check_exposure(settings: Settings, tokens: list[str]) -> None:
     """An unauthenticated code-execution API is remote code execution for anyone who reaches it."""
-    if settings.exec_api == "on" and not tokens and not is_loopback(settings.host):
+    if settings.exec_api == "off" or tokens:
+        return
+    host = settings.exec_api_host if settings.exec_api == "separate" else settings.host
+    if not is_loopback(host):
         raise SandbankError(
-            f"refusing to serve the code-execution API on {settings.host} without tokens: "
+            f"refusing to serve the code-execution API on {host} without tokens: "
             "anyone who reaches it could run code. Set SANDBANK_EXEC_TOKENS (or "
-            "SANDBANK_EXEC_TOKENS_FILE), listen on 127.0.0.1, or set SANDBANK_EXEC_API=off"
+            "SANDBANK_EXEC_TOKENS_FILE), listen on 127.0.0.1, serve it on a loopback listener "
+            "of its own (SANDBANK_EXEC_API=separate), or set SANDBANK_EXEC_API=off"
         )
 
 
@@ -158,6 +162,8 @@ def create_app(settings: Settings) -> Starlette:
     if settings.exec_api == "on":
         routes += parts.exec_api.routes()
         routes.append(Route("/openapi.json", _openapi, methods=["GET"]))
+    else:
+        routes.append(Route("/health", parts.exec_api.health, methods=["GET"]))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -175,6 +181,15 @@ def create_app(settings: Settings) -> Starlette:
     )
     app.state.parts = parts
     return app
+
+
+def create_exec_app(parts: Parts, settings: Settings) -> Starlette:
+    """The code-execution API alone, for a listener of its own over the main app's parts."""
+    return Starlette(
+        routes=[*parts.exec_api.routes(), Route("/openapi.json", _openapi, methods=["GET"])],
+        middleware=[Middleware(HostAllowList, allowed=settings.allowed_hosts.split(","))],
+        exception_handlers=EXCEPTION_HANDLERS,
+    )
 
 
 async def _openapi(request: Request) -> Response:

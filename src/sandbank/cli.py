@@ -26,10 +26,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from .app import create_app
     from .errors import SandbankError
+    from .serving import run
 
     settings = _settings(args)
     logging.basicConfig(
@@ -37,46 +35,10 @@ def serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        app = create_app(settings)
+        return run(settings)
     except SandbankError as e:
         print(f"sandbank: {e.message}", file=sys.stderr)
         return 2
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=30,
-    )
-    server = Server(config)
-    server.parts = app.state.parts
-    try:
-        server.run()
-    except SandbankError as e:
-        print(f"sandbank: {e.message}", file=sys.stderr)
-        return 2
-    return 0 if server.started else 1
-
-
-class Server:
-    """uvicorn's server; on SIGTERM it first ends running calls (with a result), then stops."""
-
-    def __new__(cls, config: Any) -> Any:
-        import uvicorn
-
-        class _Server(uvicorn.Server):
-            parts: Any = None
-
-            def handle_exit(self, sig: int, frame: Any) -> None:
-                if self.parts is not None and not self.should_exit:
-                    # Running turns end ERROR first; then destroying the sessions answers
-                    # in-flight calls, so uvicorn's graceful wait for open requests ends promptly.
-                    self.parts.begin_shutdown()
-                super().handle_exit(sig, frame)
-
-        return _Server(config)
 
 
 def _admin(args: argparse.Namespace, action: Callable[[Store, Settings], Awaitable[None]]) -> int:

@@ -103,8 +103,17 @@ class Settings(BaseSettings):
     )
 
     # --- code-execution API -----------------------------------------------------------------
-    exec_api: Literal["on", "off"] = Field(
-        "on", description="Serve the code-execution API at the root of the server."
+    exec_api: Literal["on", "off", "separate"] = Field(
+        "on",
+        description="Serve the code-execution API at the root of the server (`on`), not at "
+        "all (`off`), or on a listener of its own at `exec_api_host`:`exec_api_port` "
+        "(`separate`).",
+    )
+    exec_api_host: str = Field(
+        "127.0.0.1", description="Address of the code-execution API's own listener (`separate`)."
+    )
+    exec_api_port: int = Field(
+        8081, description="Port of the code-execution API's own listener (`separate`)."
     )
     exec_tokens: SecretStr = Field(
         SecretStr(""),

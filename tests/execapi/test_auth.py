@@ -161,3 +161,28 @@ def test_sigterm_ends_running_calls_with_a_result_and_removes_everything() -> No
         inst = instance_id(d)
         assert not (cgroups.ROOT / "memory" / "sandbank" / inst).exists()
         assert disk.mounts_under(d) == []
+
+
+def test_the_api_can_have_a_listener_of_its_own() -> None:
+    from tests.support import free_port
+
+    port = free_port()
+    with data_dir() as d:
+        srv = Server(d, exec_api="separate", exec_api_port=port).start()
+        try:
+            with srv.client() as main:
+                assert main.post("/sessions").status_code == 404  # not on the main listener
+                assert main.get("/api/openapi.json").status_code == 200
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+                sid = c.post("/sessions").json()["session_id"]
+                r = c.post(
+                    f"/sessions/{sid}/exec",
+                    json={"tool": "code_execution", "input": {"code": "print(3)"}},
+                )
+                assert r.json()["result_block"]["content"]["stdout"] == "3\n"
+                assert c.get("/openapi.json").status_code == 200
+        finally:
+            assert srv.stop() in (0, -15)
+    with pytest.raises(SandbankError, match="without tokens"):
+        check_exposure(Settings(exec_api="separate", exec_api_host="0.0.0.0"), [])
+    check_exposure(Settings(host="0.0.0.0", exec_api="separate"), [])  # /api public, exec local
