@@ -160,7 +160,7 @@ def create_app(settings: Settings) -> Starlette:
         routes += parts.exec_api.routes()
         routes.append(Route("/openapi.json", _openapi, methods=["GET"]))
     if settings.web_ui == "on" and settings.interpreter_api == "on":
-        routes.append(site(settings))
+        routes += site(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

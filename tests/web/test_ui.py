@@ -66,7 +66,7 @@ def test_the_page_is_sent_with_a_strict_policy(server: Server) -> None:
     assert page.headers["referrer-policy"] == "no-referrer"
     assert not re.search(r"<script(?![^>]*\bsrc=)", page.text)  # no inline script
     assert " style=" not in page.text and "<style" not in page.text
-    script = httpx.get(server.url + "/app.js")
+    script = httpx.get(server.url + "/ui/app.js")
     assert script.headers["content-type"].startswith("text/javascript")
     assert "unsafe" not in script.headers["content-security-policy"]
 

@@ -1,4 +1,4 @@
-"""The browser UI: static files at `/` that use the interpreter API alone."""
+"""The browser UI: the page at `/` and its static files, using the interpreter API alone."""
 
 from sandbank.web.site import csp, site
 

@@ -1,4 +1,4 @@
-"""The web UI's mount at `/`: its static files, sent with a strict Content-Security-Policy."""
+"""The web UI's routes: the page at `/`, its files under `/ui/`, with a strict CSP."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from starlette.datastructures import MutableHeaders
-from starlette.routing import Mount
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -33,19 +35,23 @@ def csp(settings: Settings) -> str:
     )
 
 
+def security_headers(policy: str) -> dict[str, str]:
+    return {
+        "Content-Security-Policy": policy,
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "X-Frame-Options": "DENY",
+        # Revalidate each time (ETag): a new server version's files are picked up at once.
+        "Cache-Control": "no-cache",
+    }
+
+
 class SecurityHeaders:
     """Adds the page's security headers to every response of the wrapped app."""
 
-    def __init__(self, app: ASGIApp, policy: str) -> None:
+    def __init__(self, app: ASGIApp, headers: dict[str, str]) -> None:
         self.app = app
-        self.headers = {
-            "Content-Security-Policy": policy,
-            "X-Content-Type-Options": "nosniff",
-            "Referrer-Policy": "no-referrer",
-            "X-Frame-Options": "DENY",
-            # Revalidate each time (ETag): a new server version's files are picked up at once.
-            "Cache-Control": "no-cache",
-        }
+        self.headers = headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def send_with_headers(message: Message) -> None:
@@ -58,7 +64,12 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
-def site(settings: Settings) -> Mount:
-    """Mounted last: it answers every path the APIs do not."""
-    files = StaticFiles(directory=STATIC, html=True)
-    return Mount("/", app=SecurityHeaders(files, csp(settings)), name="web")
+def site(settings: Settings) -> list[BaseRoute]:
+    """`/` and `/ui/...` only: a catch-all mount would shadow the APIs' 405s with 404s."""
+    headers = security_headers(csp(settings))
+
+    async def page(request: Request) -> Response:
+        return FileResponse(STATIC / "index.html", headers=headers)
+
+    files = SecurityHeaders(StaticFiles(directory=STATIC), headers)
+    return [Route("/", page, methods=["GET", "HEAD"]), Mount("/ui", app=files, name="web")]
