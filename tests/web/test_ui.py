@@ -183,7 +183,7 @@ def test_a_produced_html_file_downloads_instead_of_rendering(tab: Tab, user: Cli
     assert tab.console.unexpected(PROBE) == []
 
 
-def test_refused_uploads_say_why(tab: Tab, user: Client) -> None:
+def test_refused_uploads_say_why_and_dropped_files_upload(tab: Tab, user: Client) -> None:
     page = tab.page
     page.goto(tab.base_url + "/")
     sign_in(page, user.key)
@@ -197,6 +197,13 @@ def test_refused_uploads_say_why(tab: Tab, user: Client) -> None:
     refused.first.get_by_role("button", name="Dismiss").click()
     expect(refused).to_have_count(1)
     expect(page.locator(".file-list")).to_have_text("No files yet.")
+    dropped = page.evaluate_handle(
+        """() => { const d = new DataTransfer();
+        d.items.add(new File(["name,value\\na,1\\n"], "dropped.csv", {type: "text/csv"}));
+        return d; }"""
+    )
+    page.locator(".drop").dispatch_event("drop", {"dataTransfer": dropped})
+    expect(page.locator("button.download[data-name='dropped.csv']")).to_be_visible()
     assert tab.console.unexpected(PROBE, (400, "/api/sessions/")) == []
 
 
