@@ -31,6 +31,7 @@ from .interpreter.runs import Runs
 from .interpreter.service import Interpreter
 from .sandbox.sessions import Runtime
 from .store import Store, open_store
+from .web import site
 from .workbench import Sandboxes, open_sandboxes
 
 log = logging.getLogger("sandbank")
@@ -164,6 +165,8 @@ def create_app(settings: Settings) -> Starlette:
         routes.append(Route("/openapi.json", _openapi, methods=["GET"]))
     else:
         routes.append(Route("/health", parts.exec_api.health, methods=["GET"]))
+    if settings.web_ui == "on" and settings.interpreter_api == "on":
+        routes += site(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

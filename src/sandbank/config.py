@@ -296,3 +296,15 @@ class Settings(BaseSettings):
     sandbox_token: SecretStr = Field(
         SecretStr(""), description="Bearer token for `sandbox_url`; empty sends none."
     )
+
+    # --- web UI (/) ---------------------------------------------------------------------------
+    web_ui: Literal["on", "off"] = Field(
+        "on",
+        description="Serve the browser UI at `/` (it needs the interpreter API, and uses only it).",
+    )
+    web_storage_origins: str = Field(
+        "",
+        description="Comma-separated origins the browser uploads to and downloads from when "
+        "they are not this server (an S3 endpoint as browsers reach it), allowed in the page's "
+        "Content-Security-Policy; the origin of `s3_endpoint_url` is added by itself.",
+    )

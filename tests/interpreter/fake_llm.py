@@ -43,12 +43,38 @@ for attempt in (lambda: open("data.csv", "w"), lambda: os.remove("data.csv"),
         print("REFUSED", type(e).__name__)
 print(open("data.csv").read().splitlines()[0])
 """
+# A pause first, so that a client polling every second sees the run PENDING.
+REPORT_CODE = "import time\ntime.sleep(1.5)\n" + CHART_CODE
+PAGE_CODE = """\
+open("page.html", "w").write("<h1>made by the agent</h1><script>parent.__sbPwned = 'page'</script>")
+print("wrote page.html")
+"""
 # Keyword in the question → the code the model runs.
 CODE = {
     "chart": CHART_CODE,
     "overwrite": OVERWRITE_CODE,
     "sleep": "import time\nprint('sleeping', flush=True)\ntime.sleep(300)",
+    "report": REPORT_CODE,
+    "page": PAGE_CODE,
 }
+# Keyword in the question → the final answer (`{result}`: the tool's output as the model saw it).
+ANSWERS = {
+    "report": (
+        "Here is data.csv, summed.\n\n| name | value |\n|---|---:|\n| a | 1 |\n| b | 2 |\n"
+        "| c | 39 |\n\n![Bar chart of value by name](chart.png)\n\nResult: {result}"
+    ),
+    "page": "I wrote [the page](page.html).",
+}
+# An answer steered by a hostile file: markup that must stay inert in a client.
+HOSTILE_ANSWER = (
+    "Summary <script>window.__sbPwned = 'script'</script>\n\n"
+    '<img src="missing.png" onerror="window.__sbPwned = \'onerror\'">\n\n'
+    "![tracker](http://outside.invalid/pixel.png)\n\n"
+    '<img src="https://outside.invalid/img.png">\n\n'
+    "[click me](javascript:window.__sbPwned='link') and <b onmouseover=\"window.__sbPwned='b'\">bold</b>"
+)
+# Keyword in the question → an answer given without running code.
+DIRECT = {"hostile": HOSTILE_ANSWER}
 _ids = itertools.count(1)
 
 
@@ -56,13 +82,24 @@ def _code_for(question: str) -> str | None:
     return next((code for word, code in CODE.items() if word in question.lower()), None)
 
 
+def _answer_for(question: str, result: str) -> str:
+    template = next((a for word, a in ANSWERS.items() if word in question.lower()), None)
+    return (template or "Result: {result}").replace("{result}", result)
+
+
+def _direct_answer(question: str) -> str:
+    found = (a for word, a in DIRECT.items() if word in question.lower())
+    return next(found, "Hello from the fake model.")
+
+
 def openai_reply(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     last = request["messages"][-1]
     if last["role"] == "tool":
-        return openai_answer(f"Result: {last['content']}")
+        question = next(m for m in reversed(request["messages"]) if m["role"] == "user")
+        return openai_answer(_answer_for(str(question["content"]), str(last["content"])))
     code = _code_for(str(last["content"]))
     if code is None:
-        return openai_answer("Hello from the fake model.")
+        return openai_answer(_direct_answer(str(last["content"])))
     status, body = openai_tool_call(code)
     body["choices"][0]["message"]["tool_calls"][0]["id"] = f"call_{next(_ids)}"
     return status, body

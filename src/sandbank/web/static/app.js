@@ -1,0 +1,620 @@
+// The page: sign-in, the sessions list and one session (files, conversation, runs). Every text
+// from the server goes in as text nodes or through render.js; nothing is set as raw HTML.
+
+import * as api from "./api.js";
+import { codeBlock, linkedFile, renderMarkdown } from "./render.js";
+
+const POLL_MS = 1000;
+const main = document.getElementById("main");
+const signOutButton = document.getElementById("sign-out");
+const state = { trusted: false, view: null };
+
+/** An element: string children become text nodes, `on*` props listeners. */
+function h(tag, props = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [name, value] of Object.entries(props)) {
+    if (value === null || value === undefined || value === false) continue;
+    if (name === "class") el.className = value;
+    else if (name.startsWith("on")) el.addEventListener(name.slice(2), value);
+    else el.setAttribute(name, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child !== null && child !== undefined && child !== false) el.append(child);
+  }
+  return el;
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const shortId = (sid) => sid.slice(0, 8);
+
+function sizeText(bytes) {
+  if (bytes < 1024) return `${bytes} B`;
+  if (bytes < 1024 * 1024) return `${(bytes / 1024).toFixed(1)} KiB`;
+  return `${(bytes / 1024 / 1024).toFixed(1)} MiB`;
+}
+
+function expiryText(ttl) {
+  const seconds = ttl - Date.now() / 1000;
+  const when = new Date(ttl * 1000).toLocaleString();
+  if (seconds <= 0) return `expired ${when}`;
+  const hours = seconds / 3600;
+  const left = hours >= 48 ? `${Math.round(hours / 24)} days` : hours >= 1 ? `${Math.round(hours)} h` : `${Math.max(1, Math.round(seconds / 60))} min`;
+  return `expires in ${left} (${when})`;
+}
+
+function statusBadge(session) {
+  return h("span", { class: `badge status-${session.status.toLowerCase()}` }, session.status);
+}
+
+function alertBox() {
+  return h("p", { class: "alert", role: "alert", hidden: true });
+}
+
+function showAlert(box, message) {
+  box.textContent = message;
+  box.hidden = !message;
+}
+
+function focusHeading() {
+  main.querySelector("h1")?.focus();
+}
+
+/** A 403 with our key means it was revoked or mistyped: back to the sign-in form. */
+function needsSignIn(error) {
+  return error instanceof api.ApiError && error.status === 403 && !state.trusted && api.hasKey()
+    && /API key/.test(error.message);
+}
+
+function handleFatal(error, box) {
+  if (needsSignIn(error)) {
+    api.clearKey();
+    showSignIn("Your API key was not accepted any more; sign in again.");
+    return;
+  }
+  showAlert(box, error.message);
+}
+
+// --- sign-in -------------------------------------------------------------------------------
+
+function showSignIn(message = "") {
+  leaveView();
+  signOutButton.hidden = true;
+  const box = alertBox();
+  const key = h("input", {
+    id: "api-key", type: "password", autocomplete: "off", spellcheck: "false", required: true,
+  });
+  const remember = h("input", { id: "remember", type: "checkbox" });
+  const submit = h("button", { type: "submit" }, "Sign in");
+  const form = h(
+    "form",
+    { class: "card sign-in", novalidate: true },
+    h("h1", { tabindex: "-1" }, "Sign in"),
+    h("p", {}, "Enter the API key you were given (made with ", h("code", {}, "sandbank users create"), ")."),
+    h("label", { for: "api-key" }, "API key"),
+    key,
+    h("label", { class: "check" }, remember, " Remember me on this device"),
+    box,
+    submit,
+  );
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const value = key.value.trim();
+    if (!value) return showAlert(box, "Enter your API key.");
+    submit.disabled = true;
+    api.setKey(value, remember.checked);
+    try {
+      await api.sessions.list();
+      start();
+    } catch (error) {
+      api.clearKey();
+      showAlert(box, error.status === 403 ? "That API key was not accepted." : error.message);
+      submit.disabled = false;
+      key.focus();
+    }
+  });
+  main.replaceChildren(form);
+  showAlert(box, message);
+  key.focus();
+}
+
+signOutButton.addEventListener("click", () => {
+  api.clearKey();
+  history.replaceState(null, "", "#/");
+  showSignIn("You are signed out.");
+});
+
+// --- routing -------------------------------------------------------------------------------
+
+function leaveView() {
+  state.view?.close();
+  state.view = null;
+}
+
+function route() {
+  leaveView();
+  const match = /^#\/sessions\/([0-9a-f-]{36})$/.exec(location.hash);
+  state.view = match ? new SessionView(match[1]) : new SessionsView();
+}
+
+function start() {
+  signOutButton.hidden = state.trusted;
+  if (!location.hash) history.replaceState(null, "", "#/");
+  route();
+}
+
+window.addEventListener("hashchange", () => {
+  if (state.trusted || api.hasKey()) route();
+});
+
+// --- the sessions list ---------------------------------------------------------------------
+
+class SessionsView {
+  constructor() {
+    this.box = alertBox();
+    this.list = h("ul", { class: "session-list" });
+    this.create = h("button", { type: "button", onclick: () => this.newSession() }, "New session");
+    main.replaceChildren(
+      h(
+        "section",
+        { class: "sessions" },
+        h("div", { class: "title-row" }, h("h1", { tabindex: "-1" }, "Sessions"), this.create),
+        this.box,
+        this.list,
+      ),
+    );
+    focusHeading();
+    this.load();
+  }
+
+  close() {}
+
+  async load() {
+    try {
+      this.show(await api.sessions.list());
+    } catch (error) {
+      handleFatal(error, this.box);
+    }
+  }
+
+  show(sessions) {
+    if (sessions.length === 0) {
+      this.list.replaceChildren(h("li", { class: "empty" }, "No sessions yet: start one to upload files and ask questions."));
+      return;
+    }
+    this.list.replaceChildren(...sessions.map((s) => this.row(s)));
+  }
+
+  row(session) {
+    const remove = h("button", { type: "button", class: "secondary danger" }, "Delete");
+    let armed = false;
+    remove.addEventListener("click", async () => {
+      // A second click confirms: a native confirm() dialog is easy to click through blindly.
+      if (!armed) {
+        armed = true;
+        remove.textContent = "Confirm delete";
+        return;
+      }
+      remove.disabled = true;
+      try {
+        await api.sessions.remove(session.session_id);
+        this.load();
+      } catch (error) {
+        handleFatal(error, this.box);
+        remove.disabled = false;
+      }
+    });
+    remove.addEventListener("blur", () => {
+      armed = false;
+      remove.textContent = "Delete";
+    });
+    return h(
+      "li",
+      { class: "session-row", "data-session": session.session_id },
+      h("a", { href: `#/sessions/${session.session_id}`, class: "open" }, "Session ", h("code", {}, shortId(session.session_id))),
+      statusBadge(session),
+      h("span", { class: "muted" }, session.status === "ERROR" && session.status_message ? session.status_message : ""),
+      h("span", { class: "expiry muted" }, expiryText(session.ttl)),
+      remove,
+    );
+  }
+
+  async newSession() {
+    this.create.disabled = true;
+    try {
+      const session = await api.sessions.create();
+      location.hash = `#/sessions/${session.session_id}`;
+    } catch (error) {
+      handleFatal(error, this.box);
+      this.create.disabled = false;
+    }
+  }
+}
+
+// --- one session ---------------------------------------------------------------------------
+
+class SessionView {
+  constructor(sid) {
+    this.sid = sid;
+    this.alive = true;
+    this.last = null; // timestamp of the last message shown
+    this.polling = false;
+    this.files = new Map(); // name -> {filename, size, origin}
+    this.images = new Map(); // `${name}:${size}` -> Promise<blob: URL>
+    this.build();
+    this.load();
+  }
+
+  close() {
+    this.alive = false;
+    for (const url of this.images.values()) url.then(URL.revokeObjectURL, () => {});
+  }
+
+  build() {
+    this.box = alertBox();
+    this.badge = h("span", { class: "badge" });
+    this.expiry = h("span", { class: "expiry muted" });
+    this.statusLine = h("p", { class: "status-line", role: "status", "aria-live": "polite" });
+    this.messages = h("ol", { class: "messages hide-internal", "aria-label": "Conversation" });
+    this.fileList = h("ul", { class: "file-list", "aria-label": "Files" });
+    this.uploads = h("ul", { class: "uploads" });
+    this.picker = h("input", { id: "file-input", type: "file", multiple: true, class: "visually-hidden", tabindex: "-1" });
+    this.picker.addEventListener("change", () => {
+      this.uploadAll([...this.picker.files]);
+      this.picker.value = "";
+    });
+    const pick = h("button", { type: "button", class: "secondary", onclick: () => this.picker.click() }, "Choose files…");
+    const drop = h("div", { class: "drop" }, h("p", {}, "Drop files here, or"), pick, this.picker);
+    drop.addEventListener("dragover", (event) => {
+      event.preventDefault();
+      drop.classList.add("over");
+    });
+    drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+    drop.addEventListener("drop", (event) => {
+      event.preventDefault();
+      drop.classList.remove("over");
+      this.uploadAll([...event.dataTransfer.files]);
+    });
+    this.question = h("textarea", { id: "question", rows: "3", placeholder: "Ask about your files… (Enter sends, Shift+Enter for a new line)" });
+    this.question.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+        event.preventDefault();
+        this.form.requestSubmit();
+      }
+    });
+    this.askButton = h("button", { type: "submit" }, "Ask");
+    this.cancelButton = h("button", { type: "button", class: "secondary danger", hidden: true, onclick: () => this.cancel() }, "Cancel run");
+    this.form = h(
+      "form",
+      { class: "ask" },
+      h("label", { for: "question", class: "visually-hidden" }, "Question"),
+      this.question,
+      h("div", { class: "ask-buttons" }, this.askButton, this.cancelButton),
+    );
+    this.form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.ask();
+    });
+    const internal = h("input", { id: "show-internal", type: "checkbox" });
+    internal.addEventListener("change", () => this.messages.classList.toggle("hide-internal", !internal.checked));
+    this.messages.addEventListener("click", (event) => {
+      const anchor = event.target.closest("a");
+      const name = anchor && linkedFile(anchor);
+      if (name) {
+        event.preventDefault();
+        this.download(name);
+      }
+    });
+    main.replaceChildren(
+      h(
+        "section",
+        { class: "session" },
+        h("nav", {}, h("a", { href: "#/" }, "← All sessions")),
+        h(
+          "div",
+          { class: "title-row" },
+          h("h1", { tabindex: "-1" }, "Session ", h("code", {}, shortId(this.sid))),
+          this.badge,
+          this.expiry,
+        ),
+        this.box,
+        h(
+          "div",
+          { class: "layout" },
+          h("aside", { class: "files card" }, h("h2", {}, "Files"), drop, this.uploads, this.fileList),
+          h(
+            "div",
+            { class: "chat" },
+            h("label", { class: "check toggle" }, internal, " Show internal messages (code, output, traces)"),
+            this.messages,
+            this.statusLine,
+            this.form,
+          ),
+        ),
+      ),
+    );
+    focusHeading();
+  }
+
+  async load() {
+    try {
+      const [session] = await Promise.all([api.sessions.get(this.sid), this.refreshFiles()]);
+      await this.fetchMessages();
+      this.showSession(session);
+      if (session.status === "PENDING") this.poll();
+    } catch (error) {
+      if (error.status === 404) showAlert(this.box, "This session does not exist any more (deleted or expired).");
+      else handleFatal(error, this.box);
+      this.setBusy(true);
+      this.cancelButton.hidden = true;
+    }
+  }
+
+  showSession(session) {
+    this.badge.replaceWith((this.badge = statusBadge(session)));
+    this.expiry.textContent = expiryText(session.ttl);
+    const pending = session.status === "PENDING";
+    this.statusLine.classList.toggle("error", session.status === "ERROR");
+    if (pending) this.statusLine.textContent = `Working: ${session.status_message || "pending"}…`;
+    else if (session.status === "ERROR") this.statusLine.textContent = `The run ended with an error: ${session.status_message || "unknown error"}`;
+    else this.statusLine.textContent = "";
+    this.setBusy(pending);
+  }
+
+  setBusy(busy) {
+    this.question.disabled = busy;
+    this.askButton.disabled = busy;
+    this.cancelButton.hidden = !busy;
+    this.cancelButton.disabled = false;
+  }
+
+  async poll() {
+    if (this.polling) return;
+    this.polling = true;
+    this.setBusy(true);
+    try {
+      while (this.alive) {
+        await sleep(POLL_MS);
+        if (!this.alive) return;
+        try {
+          // The session first: once it is no longer PENDING, the messages read after it are all.
+          const session = await api.sessions.get(this.sid);
+          await this.fetchMessages();
+          this.showSession(session);
+          if (session.status !== "PENDING") {
+            await this.refreshFiles();
+            this.question.focus();
+            return;
+          }
+          showAlert(this.box, "");
+        } catch (error) {
+          if (error.status === 404 || needsSignIn(error)) return handleFatal(error, this.box);
+          showAlert(this.box, `${error.message} (retrying)`);
+        }
+      }
+    } finally {
+      this.polling = false;
+    }
+  }
+
+  async fetchMessages() {
+    const fresh = await api.sessions.messages(this.sid, this.last);
+    if (!this.alive) return;
+    for (const message of fresh) {
+      if (this.last !== null && message.timestamp <= this.last) continue;
+      this.last = message.timestamp;
+      this.messages.append(this.messageItem(message));
+    }
+    if (fresh.length) this.messages.lastElementChild?.scrollIntoView({ block: "nearest" });
+  }
+
+  messageItem(message) {
+    const classes = ["msg", message.role];
+    if (message.internal) classes.push("internal");
+    const when = new Date(message.timestamp * 1000).toLocaleTimeString();
+    const item = h("li", { class: classes.join(" "), title: when });
+    if (message.role === "user") {
+      item.append(h("div", { class: "bubble" }, message.content));
+    } else if (message.role === "assistant") {
+      if (message.internal) item.append(h("p", { class: "label" }, "Note"));
+      const body = h("div", { class: "markdown" });
+      body.append(renderMarkdown(message.content, (name) => this.image(name)));
+      item.append(body);
+    } else if (message.role === "tool") {
+      item.append(toolCall(message.content));
+    } else if (message.role === "trace") {
+      item.append(trace(message.content));
+    } else {
+      item.append(h("pre", {}, message.content));
+    }
+    return item;
+  }
+
+  async ask() {
+    const content = this.question.value.trim();
+    if (!content) return;
+    this.setBusy(true);
+    showAlert(this.box, "");
+    try {
+      const message = await api.sessions.ask(this.sid, content);
+      this.question.value = "";
+      if (this.last === null || message.timestamp > this.last) {
+        this.last = message.timestamp;
+        this.messages.append(this.messageItem(message));
+      }
+      this.statusLine.classList.remove("error");
+      this.statusLine.textContent = "Working: pending…";
+      this.poll();
+    } catch (error) {
+      handleFatal(error, this.box);
+      this.setBusy(false);
+    }
+  }
+
+  async cancel() {
+    this.cancelButton.disabled = true;
+    try {
+      this.showSession(await api.sessions.cancel(this.sid));
+    } catch (error) {
+      handleFatal(error, this.box);
+      this.cancelButton.disabled = false;
+    }
+  }
+
+  // --- files -------------------------------------------------------------------------------
+
+  async refreshFiles() {
+    const files = await api.sessions.files(this.sid);
+    if (!this.alive) return;
+    this.files = new Map(files.map((f) => [f.filename, f]));
+    if (files.length === 0) {
+      this.fileList.replaceChildren(h("li", { class: "empty muted" }, "No files yet."));
+      return;
+    }
+    this.fileList.replaceChildren(
+      ...files.map((f) =>
+        h(
+          "li",
+          { class: "file" },
+          h("button", { type: "button", class: "link download", "data-name": f.filename, onclick: () => this.download(f.filename) }, f.filename),
+          h("span", { class: "muted" }, ` ${sizeText(f.size)} · ${f.origin === "user" ? "uploaded" : "produced"}`),
+        ),
+      ),
+    );
+  }
+
+  async uploadAll(files) {
+    for (const file of files) await this.uploadOne(file);
+    try {
+      await this.refreshFiles();
+    } catch (error) {
+      handleFatal(error, this.box);
+    }
+  }
+
+  async uploadOne(file) {
+    const bar = h("progress", { max: "1", value: "0" });
+    const text = h("span", {}, "asking for an upload form…");
+    const item = h("li", { class: "upload" }, h("strong", {}, file.name), " ", text, bar);
+    this.uploads.append(item);
+    try {
+      const form = await api.sessions.uploadForm(this.sid, file.name);
+      const limit = api.formLimit(form.fields);
+      if (limit !== null && file.size > limit) {
+        throw new api.ApiError(413, `the file is too large: ${sizeText(file.size)}, and at most ${sizeText(limit)} may be uploaded here`);
+      }
+      text.textContent = "uploading…";
+      await api.upload(form, file, (loaded, total) => {
+        bar.max = total || 1;
+        bar.value = loaded;
+        text.textContent = `uploading… ${Math.floor((100 * loaded) / (total || 1))}%`;
+      });
+      item.remove();
+    } catch (error) {
+      if (needsSignIn(error)) return handleFatal(error, this.box);
+      bar.remove();
+      item.classList.add("refused");
+      item.setAttribute("role", "alert");
+      text.textContent = `refused: ${error.message}`;
+      item.append(h("button", { type: "button", class: "link", onclick: () => item.remove() }, "Dismiss"));
+    }
+  }
+
+  /** A blob: URL of a session image (fetched through its presigned URL once per version). */
+  image(name) {
+    const size = this.files.get(name)?.size ?? "?";
+    const key = `${name}:${size}`;
+    if (!this.images.has(key)) {
+      this.images.set(
+        key,
+        (async () => {
+          const url = await api.sessions.downloadUrl(this.sid, name);
+          const response = await fetch(url, { credentials: "omit", cache: "no-store" });
+          if (!response.ok) throw new Error(`the server answered ${response.status}`);
+          const blob = await response.blob();
+          if (!blob.type.startsWith("image/")) throw new Error("it is not an image");
+          return URL.createObjectURL(blob);
+        })(),
+      );
+    }
+    return this.images.get(key);
+  }
+
+  /** Saves a session file: an attachment, never opened as a page of this site. */
+  async download(name) {
+    try {
+      const url = await api.sessions.downloadUrl(this.sid, name);
+      const base = name.split("/").pop();
+      let href = url;
+      if (new URL(url, location.href).origin !== location.origin) {
+        // Another origin (S3) ignores `download`: fetch it, then save the bytes from here.
+        const response = await fetch(url, { credentials: "omit" });
+        if (!response.ok) throw new Error(`the download failed (${response.status})`);
+        href = URL.createObjectURL(await response.blob());
+        setTimeout(() => URL.revokeObjectURL(href), 60_000);
+      }
+      const link = h("a", { href, download: base, rel: "noreferrer", class: "visually-hidden" });
+      document.body.append(link);
+      link.click();
+      link.remove();
+    } catch (error) {
+      handleFatal(error, this.box);
+    }
+  }
+}
+
+function parseRecord(content) {
+  try {
+    const record = JSON.parse(content);
+    return record && typeof record === "object" ? record : null;
+  } catch {
+    return null;
+  }
+}
+
+function toolCall(content) {
+  const record = parseRecord(content);
+  if (!record) return h("pre", {}, content);
+  const input = record.input ?? {};
+  const out = record.output;
+  const facts = [`step ${record.step}`];
+  if (out) facts.push(`${out.duration_ms} ms`, out.return_code === 0 ? "ok" : `exit ${out.return_code}`);
+  if (record.error) facts.push("failed");
+  const body = [];
+  if (typeof input.code === "string") body.push(codeBlock(input.code, "python"));
+  else if (record.tool === "bash" && typeof input.command === "string") body.push(codeBlock(input.command, "bash"));
+  else body.push(codeBlock(JSON.stringify(input, null, 2), "json"));
+  if (out) {
+    if (out.stdout) body.push(h("p", { class: "label" }, "Output"), h("pre", { class: "stdout" }, out.stdout));
+    if (out.stderr) body.push(h("p", { class: "label" }, "Errors"), h("pre", { class: "stderr" }, out.stderr));
+    if (out.files?.length) body.push(h("p", { class: "label" }, `Files: ${out.files.join(", ")}`));
+  }
+  if (record.error) body.push(h("p", { class: "stderr" }, record.error));
+  return h("details", { class: "tool-call" }, h("summary", {}, `Tool call: ${record.tool} (${facts.join(", ")})`), ...body);
+}
+
+function trace(content) {
+  const record = parseRecord(content);
+  if (!record) return h("pre", {}, content);
+  const calls = record.tool_calls === 1 ? "1 tool call" : `${record.tool_calls} tool calls`;
+  return h(
+    "p",
+    { class: "trace-line" },
+    `Model call ${record.step} (${record.model}): ${record.input_tokens} tokens in, ${record.output_tokens} out, ${record.latency_ms} ms, ${calls}`,
+  );
+}
+
+// --- start ---------------------------------------------------------------------------------
+
+async function boot() {
+  if (api.loadKey()) return start();
+  // Behind an authenticating proxy (trusted user header) the API answers without a key.
+  try {
+    await api.sessions.list({ withKey: false });
+    state.trusted = true;
+    start();
+  } catch {
+    showSignIn();
+  }
+}
+
+boot();
