@@ -29,13 +29,13 @@ TRUSTED_HEADER = "X-Remote-User"
 NETWORK_ERROR = re.compile(r"^Failed to load resource: the server responded with a status of (\d+)")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # torn down with the package: Playwright holds an event loop
 def llm() -> Iterator[FakeLLM]:
     with fake_llm() as fake:
         yield fake
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # torn down with the package: Playwright holds an event loop
 def server(llm: FakeLLM) -> Iterator[Server]:
     """One server for the suite; a browser sending the trusted header plays the proxy."""
     env = {
@@ -54,13 +54,13 @@ def user(server: Server) -> Iterator[Client]:
         yield client
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # torn down with the package: Playwright holds an event loop
 def playwright() -> Iterator[Playwright]:
     with sync_playwright() as p:
         yield p
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # torn down with the package: Playwright holds an event loop
 def browser(playwright: Playwright) -> Iterator[Browser]:
     # No skip on failure: a browser that does not start fails every test that needs it.
     browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
