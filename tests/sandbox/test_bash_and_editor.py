@@ -27,7 +27,8 @@ async def test_streams_and_exit_status(sb: Shell) -> None:
 
 async def test_exit_ends_the_shell_and_the_next_call_gets_a_new_one(sb: Shell) -> None:
     await sb.sh("cd /tmp")
-    assert (await sb.sh("exit 7")).return_code == 7
+    r = await sb.sh("echo bye; echo oops >&2; exit 7")
+    assert (r.stdout, r.stderr, r.return_code) == ("bye\n", "oops\n", 7)  # nothing lost
     r = await sb.sh("pwd")
     assert (r.stdout, r.return_code) == ("/workspace\n", 0)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import fcntl
 import json
 import linecache
 import os
@@ -76,16 +77,17 @@ class Channel:
 
 
 class Stream(threading.Thread):
-    """One of fds 1 and 2: a pipe drained for the worker's whole life.
+    """Drains one pipe for the worker's whole life; each call's output ends at the call's marker.
 
-    A call's output ends at a marker the worker writes after the call, so a call costs two
-    writes, not new pipes and threads. Output from background processes between calls is
-    dropped; during a call it counts as the call's. At most `limit` bytes are kept per call.
+    Python's fds 1 and 2 and bash's stdout and stderr are such pipes, so a call costs a marker
+    written after it, not new pipes and threads. Output between calls (background processes)
+    is dropped; during a call it counts as the call's. At most `limit` bytes are kept per call.
     """
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, r: int, fd: int = -1) -> None:
         super().__init__(daemon=True)
-        self.fd = fd
+        self.r = r
+        self.fd = fd  # the descriptor writing into the pipe, where the worker owns it
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.marker = b""
@@ -93,10 +95,17 @@ class Stream(threading.Thread):
         self.data = bytearray()
         self.dropped = 0
         self.tail = b""
-        self.r, w = os.pipe()
+        self.ended = False
+        self.start()
+
+    @classmethod
+    def onto(cls, fd: int) -> Stream:
+        """A stream that `fd` (1 or 2) writes into from now on."""
+        # Above 9: with fd 1 or 2 closed by user code, a new pipe would take its number.
+        r, w = (_above_stdio(x) for x in os.pipe())
         os.dup2(w, fd)
         os.close(w)
-        self.start()
+        return cls(r, fd)
 
     def begin(self, marker: bytes, limit: int) -> None:
         with self.lock:
@@ -116,10 +125,15 @@ class Stream(threading.Thread):
             try:
                 chunk = os.read(self.r, 65536)
             except OSError:
-                return
-            if not chunk:
-                return
+                chunk = b""
             with self.lock:
+                if not chunk:  # every writer is gone (bash exited): the call's output ends here
+                    self._keep(self.tail)
+                    self.tail = b""
+                    self.ended = True
+                    self.done.set()
+                    os.close(self.r)
+                    return
                 if not self.marker or self.done.is_set():
                     continue  # between calls: nobody is listening
                 buf = self.tail + chunk
@@ -139,7 +153,8 @@ class Stream(threading.Thread):
             self.data += data[:room]
         self.dropped += max(0, len(data) - max(room, 0))
 
-    def text(self) -> str:
+    def text(self, timeout: float = 2.0) -> str:
+        self.done.wait(timeout)
         with self.lock:
             out = self.data.decode("utf-8", errors="replace")
             if self.dropped:
@@ -147,18 +162,28 @@ class Stream(threading.Thread):
             return out
 
 
+def _above_stdio(fd: int) -> int:
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+    os.close(fd)
+    return moved
+
+
+def new_marker() -> bytes:
+    return f"\x00__SANDBANK_END_{secrets.token_hex(8)}__\x00".encode()
+
+
 class Capture:
-    """Delimits one call's output on the worker's persistent stdout and stderr streams."""
+    """Delimits one Python call's output on the worker's persistent fds 1 and 2."""
 
     streams: list[Stream] = []
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         if not Capture.streams:
-            Capture.streams = [Stream(1), Stream(2)]
+            Capture.streams = [Stream.onto(1), Stream.onto(2)]
 
     def __enter__(self) -> Capture:
-        self.marker = f"\x00__SANDBANK_END_{secrets.token_hex(8)}__\x00".encode()
+        self.marker = new_marker()
         for s in self.streams:
             s.begin(self.marker, self.limit)
         return self
@@ -170,12 +195,11 @@ class Capture:
         except Exception:  # noqa: S110 - user code may have broken its own streams
             pass
         marked = [s.mark() for s in self.streams]  # both first: the waits then overlap
-        self.out, self.err = "", ""
         for i, (s, ok) in enumerate(zip(self.streams, marked, strict=True)):
-            if not (ok and s.done.wait(2.0)):
+            if not (ok and s.done.wait(2.0)) or s.ended:
                 # User code closed or redirected fd 1 or 2: the next call gets a fresh stream.
-                Capture.streams[i] = Stream(s.fd)
-        self.out, self.err = (s.text() for s in self.streams)
+                Capture.streams[i] = Stream.onto(s.fd)
+        self.out, self.err = (s.text(0) for s in self.streams)
 
 
 # --- produced files ------------------------------------------------------------------------
@@ -287,8 +311,8 @@ class Shell:
             return self.proc
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
         self.status_r, status_w = os.pipe()
-        self.out_r, out_w = os.pipe()
-        self.err_r, err_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
         self.status_fd = status_w  # the same number in bash, which writes each call's status to it
         self.proc = subprocess.Popen(
             ["bash", "--noprofile", "--norc"],
@@ -301,6 +325,7 @@ class Shell:
         )
         for fd in (status_w, out_w, err_w):
             os.close(fd)
+        self.out, self.err = Stream(out_r), Stream(err_r)
         self.status_buf = b""
         self._write("trap 'return 130 2>/dev/null' INT\n")
         return self.proc
@@ -317,31 +342,25 @@ class Shell:
 
     def run(self, command: str, limit: int) -> tuple[str, str, int]:
         proc = self.ensure()
-        nonce = secrets.token_hex(12)
         script = os.path.join(self.dir, "cmd")
         with open(script, "w") as f:
-            f.write(command)
-            if not command.endswith("\n"):
-                f.write("\n")
-        marker = f"__SANDBANK_{nonce}__"
+            f.write(command if command.endswith("\n") else command + "\n")
+        marker = f"__SANDBANK_{secrets.token_hex(12)}__"
+        self.out.begin(marker.encode(), limit)
+        self.err.begin(marker.encode(), limit)
         with contextlib.suppress(BrokenPipeError):
             self._write(
                 f"builtin source {script} </dev/null\n"
                 f"__sb_rc=$?; builtin printf '%s' {marker}; builtin printf '%s' {marker} >&2; "
                 f"builtin printf '{marker} %d\\n' $__sb_rc >&{self.status_fd}\n"
             )
-        out = MarkedReader(self.out_r, marker.encode(), limit)
-        err = MarkedReader(self.err_r, marker.encode(), limit)
         rc = self._wait_status(marker.encode())
-        if rc is None:  # the shell exited (`exit N`, or killed)
+        if rc is None:  # the shell exited (`exit N`, or killed): its streams end at EOF
             proc.wait()
             rc = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-            out.stop_at_eof()
-            err.stop_at_eof()
             self.proc = None
-            for fd in (self.status_r, self.out_r, self.err_r):
-                os.close(fd)
-        return out.text(), err.text(), rc
+            os.close(self.status_r)
+        return self.out.text(), self.err.text(), rc
 
     def _wait_status(self, marker: bytes) -> int | None:
         while True:
@@ -355,52 +374,6 @@ class Shell:
             if not chunk:
                 return None
             self.status_buf += chunk
-
-
-class MarkedReader(threading.Thread):
-    """Reads one of bash's streams up to this call's marker, keeping at most `limit` bytes."""
-
-    def __init__(self, fd: int, marker: bytes, limit: int) -> None:
-        super().__init__(daemon=True)
-        self.fd, self.marker, self.limit = fd, marker, limit
-        self.data = bytearray()
-        self.dropped = 0
-        self.tail = b""
-        self.start()
-
-    def run(self) -> None:
-        while True:
-            try:
-                chunk = os.read(self.fd, 65536)
-            except OSError:
-                return
-            if not chunk:
-                return
-            buf = self.tail + chunk
-            idx = buf.find(self.marker)
-            if idx >= 0:
-                self._keep(buf[:idx])
-                return
-            # Keep a marker-sized tail back in case the marker is split across reads.
-            keep = len(self.marker) - 1
-            self._keep(buf[:-keep] if keep else buf)
-            self.tail = buf[-keep:] if keep else b""
-
-    def _keep(self, data: bytes) -> None:
-        room = self.limit - len(self.data)
-        if room > 0:
-            self.data += data[:room]
-        self.dropped += max(0, len(data) - max(room, 0))
-
-    def stop_at_eof(self) -> None:
-        self.join(timeout=0.5)
-
-    def text(self) -> str:
-        self.join(timeout=0.5)
-        out = bytes(self.data).decode("utf-8", errors="replace")
-        if self.dropped:
-            out += f"\n[output truncated: {self.dropped} more bytes not shown]\n"
-        return out
 
 
 # --- the main loop ---------------------------------------------------------------------------
