@@ -569,3 +569,26 @@ def test_destroy_during_a_call_ends_it_with_a_result(server: Server) -> None:
     t.join(10)
     r = out["r"]
     assert r.status_code == 200 and "destroyed" in r.json()["result_block"]["content"]["stderr"]
+
+
+def test_a_long_listing_is_cut_at_the_cap_and_says_so(
+    client: httpx.Client, session_id: str
+) -> None:
+    run(
+        client,
+        session_id,
+        "bash_code_execution",
+        command="mkdir many && cd many && touch f{1..1005}",
+    )
+    body = client.get(f"/sessions/{session_id}/files/list", params={"path": "many"}).json()
+    assert body["truncated"] is True and len(body["files"]) == 1000
+
+
+def test_sandboxed_code_cannot_reach_this_servers_port(
+    client: httpx.Client, session_id: str, server: Server
+) -> None:
+    content = run(
+        client, session_id, "code_execution",
+        code=f"import socket\ns = socket.socket(); s.settimeout(2)\ntry:\n    s.connect(('127.0.0.1', {server.port})); print('CONNECTED')\nexcept OSError as e:\n    print('refused', e.errno)",
+    )  # fmt: skip
+    assert content["stdout"].startswith("refused")
