@@ -285,3 +285,11 @@ async def test_a_cancelled_call_is_interrupted_and_the_next_call_is_in_step(sb: 
     r = await sb.py("print(kept)")
     assert (r.stdout, r.return_code) == ("yes\n", 0)  # the interrupted code stopped; state kept
     assert (await sb.py("print(2)")).stdout == "2\n"
+
+
+def test_a_data_dir_sandbox_users_cannot_reach_fails_saying_so(tmp_path: Path) -> None:
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    factory = SandboxFactory(settings(closed / "data"))
+    with pytest.raises(IsolationUnavailable, match="not traversable"):
+        factory.check()

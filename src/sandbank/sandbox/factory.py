@@ -91,12 +91,14 @@ class SandboxFactory:
                 f"the sandbox runtime is missing at {self.runtime_dir}: run `make install` "
                 "or set SANDBANK_RUNTIME_DIR"
             )
-        for parent in [self.runtime_dir, *self.runtime_dir.parents]:
-            if parent.stat().st_mode & 0o001 == 0:
-                raise IsolationUnavailable(
-                    f"{parent} is not traversable by other users, so sandbox users cannot "
-                    f"read the runtime at {self.runtime_dir}: move it or `chmod o+x {parent}`"
-                )
+        # Sandbox uids must reach the runtime and their workspaces under the data directory.
+        for target in (self.runtime_dir, self.base_dir.parent):
+            for parent in (p for p in [target, *target.parents] if p.exists()):
+                if parent.stat().st_mode & 0o001 == 0 and parent != self.base_dir.parent:
+                    raise IsolationUnavailable(
+                        f"{parent} is not traversable by other users, so sandbox users cannot "
+                        f"reach {target}: move it or `chmod o+x {parent}`"
+                    )
         self.seccomp = bwrap.default_seccomp()
         s = self.settings
         self.uids = UidAllocator(s.uid_lock_dir, s.uid_base, s.uid_count)
