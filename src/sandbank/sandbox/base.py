@@ -1,10 +1,9 @@
-"""The runtime's vocabulary: tool calls, their results, and the sandbox interface."""
+"""The runtime's vocabulary: tool calls and their results (backends: `managed.ManagedSandbox`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal
 
 EditorCommand = Literal["view", "create", "str_replace", "insert", "undo_edit"]
 
@@ -46,29 +45,3 @@ class ExecResult:
     return_code: int = 0
     files: list[str] = field(default_factory=list)  # workspace-relative paths produced
     duration_ms: int = 0
-
-
-class Sandbox(Protocol):
-    """One isolated environment: a persistent interpreter, shell and workspace.
-
-    Verbs mirror a process: `start`, `execute`, `interrupt` (inside `execute`'s deadline
-    handling), `close`. A sandbox is used by one session only, and never reused.
-    """
-
-    id: str
-    uid: int
-
-    @property
-    def workspace(self) -> Path:
-        """The workspace directory as the server sees it (host side)."""
-        ...
-
-    async def start(self) -> None: ...
-
-    async def execute(self, call: ToolCall, deadline: float) -> ExecResult:
-        """Run one call; `deadline` is a `time.monotonic()` instant, counted from arrival."""
-        ...
-
-    async def close(self) -> None:
-        """Kill every process and remove every host resource the sandbox holds."""
-        ...

@@ -15,7 +15,6 @@ from pathlib import Path
 from ..config import MiB, Settings
 from ..errors import IsolationUnavailable
 from . import bwrap, cgroups, disk
-from .base import Sandbox
 from .managed import Limits, ManagedSandbox
 from .uids import UidAllocator
 from .unisolated import UnisolatedSandbox
@@ -168,6 +167,3 @@ class SandboxFactory:
             "uids": sorted(str(u) for u in self.uids.held()) if self.uids else [],
         }
         return found
-
-
-__all__ = ["Sandbox", "SandboxFactory", "become_subreaper", "instance_id", "reap_orphans"]
