@@ -25,6 +25,8 @@ from sandbank.sandbox.bwrap import BwrapSandbox
 from sandbank.sandbox.sessions import Runtime
 
 TENANT = "bench"
+PANDAS = 'import pandas as pd; pd.DataFrame({"a": [1]}).sum()'
+CHART = "import matplotlib.pyplot as plt; plt.plot([1, 2])"
 
 
 def report(name: str, samples: list[float], unit: str = "ms") -> None:
@@ -72,18 +74,19 @@ async def main(args: argparse.Namespace) -> None:
             assert isinstance(s.sandbox, BwrapSandbox)
             pss.append(pss_mib(s.sandbox))
             await rt.destroy(s.id, TENANT)
+        charts: list[float] = []
         for _ in range(max(5, args.rounds // 2)):
             await rt.pool.wait_full(timeout=300)
             s = await rt.create(TENANT)
-            pandas.append(
-                await call(rt, s.id, 'import pandas as pd; pd.DataFrame({"a": [1]}).sum()')
-            )
+            pandas.append(await call(rt, s.id, PANDAS))
+            charts.append(await call(rt, s.id, CHART))
             await rt.destroy(s.id, TENANT)
         await rt.drain()
         report("lease from the warm pool", leases)
         report("first call after a lease (print(1))", firsts)
         report("warm print(1) round trip", warms)
         report("first pandas call of a fresh lease", pandas)
+        report("then a first chart (saved as PNG)", charts)
         report("idle PSS per session (pool, preimported)", pss, "MiB")
 
         await rt.pool.wait_full(timeout=300)

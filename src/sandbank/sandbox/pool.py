@@ -12,6 +12,7 @@ from .managed import ManagedSandbox
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_FAILURE = 5.0
+REFILL_DELAY = 0.25
 
 
 class WarmPool:
@@ -35,7 +36,9 @@ class WarmPool:
 
     async def take(self) -> ManagedSandbox:
         """A started sandbox, never handed out before. An empty pool means a cold start."""
-        self._wake.set()
+        # Refill a moment later: starting a sandbox costs a core for a while, and the client
+        # that just leased one is about to make its first call.
+        asyncio.get_running_loop().call_later(REFILL_DELAY, self._wake.set)
         while self._ready:
             sandbox = self._ready.popleft()
             if not sandbox.closed:
