@@ -32,6 +32,8 @@ async def test_last_expression_repr_is_printed_unless_none(sb: Shell) -> None:
     assert (await sb.py("None")).stdout == ""
     assert (await sb.py("print('p')")).stdout == "p\n"  # print's None is not echoed
     assert (await sb.py("x = 5")).stdout == ""
+    assert (await sb.py("x + 1;")).stdout == ""  # a trailing semicolon silences it, as in Jupyter
+    assert (await sb.py("x + 1  # no semicolon here;")).stdout == "6\n"
 
 
 async def test_output_of_subprocesses_and_c_level_writes_is_captured(sb: Shell) -> None:

@@ -251,7 +251,8 @@ class Interpreter:
             traceback.print_exception(type(e), e, None)
             return 1
         last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
+        # As in Jupyter, a bare last expression is echoed, unless a `;` ends the cell.
+        if tree.body and isinstance(tree.body[-1], ast.Expr) and not _ends_with_semicolon(code):
             last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
         try:
             exec(compile(tree, filename, "exec"), self.namespace)  # noqa: S102 - the product
@@ -281,6 +282,11 @@ class Interpreter:
                 sys.stderr.flush()
             except Exception:  # noqa: S110
                 pass
+
+
+def _ends_with_semicolon(code: str) -> bool:
+    lines = [line for line in code.rstrip().splitlines() if line.strip()]
+    return bool(lines) and lines[-1].split("#", 1)[0].rstrip().endswith(";")
 
 
 def save_figures() -> None:
