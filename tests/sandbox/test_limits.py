@@ -130,3 +130,14 @@ async def test_crashes_report_what_happened(sb: Shell) -> None:
     r = await sb.py("import ctypes; ctypes.string_at(0)")
     assert r.return_code == 139 and "segmentation fault" in r.stderr
     assert (await sb.py("print('fresh')")).stdout == "fresh\n"
+
+
+async def test_a_call_arriving_during_a_slow_restart_still_answers_by_its_deadline(
+    sb: Shell,
+) -> None:
+    await sb.py("import os; os._exit(1)")  # the restart now runs in the background
+    t0 = time.monotonic()
+    r = await sb.py("print('up')", timeout=0.001)
+    assert time.monotonic() - t0 < 0.001 + 5
+    assert r.return_code == RC_TIMEOUT and "restart" in r.stderr  # a restart takes ~100 ms
+    assert (await sb.py("print('up')")).stdout == "up\n"

@@ -135,10 +135,18 @@ class ManagedSandbox(ABC):
         self.restarts += 1
         self._worker = await self._start_worker()
 
-    async def _ready_worker(self) -> WorkerProcess:
-        if self._restart is not None:  # a restart, or the settling of a cancelled call
-            task, self._restart = self._restart, None
-            await task
+    async def _ready_worker(self, deadline: float) -> WorkerProcess | None:
+        """The worker, once a pending restart is done; None if that outlasts the deadline."""
+        task = self._restart  # a restart, or the settling of a cancelled call
+        if task is not None:
+            try:
+                # Shielded: the restart goes on for the next call even if this one gives up.
+                await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                return None
+            finally:
+                if task.done() and self._restart is task:
+                    self._restart = None
         if self._worker is None:
             self._worker = await self._start_worker()
         return self._worker
@@ -167,9 +175,16 @@ class ManagedSandbox(ABC):
             if self._closed:
                 return _result_of_destroyed(started)
             try:
-                worker = await self._ready_worker()
+                worker = await self._ready_worker(deadline)
             except SandboxError as e:
                 return ExecResult(stderr=f"{e.message}\n", return_code=RC_KILLED)
+            if worker is None:
+                return ExecResult(
+                    stderr="[sandbank] timed out waiting for the interpreter to restart after an "
+                    "earlier failure; it is still starting, try again\n",
+                    return_code=RC_TIMEOUT,
+                    duration_ms=int((time.monotonic() - started) * 1000),
+                )
             msg = to_message(call)
             msg["limit"] = self.limits.output_bytes
             reply = await self._exchange(worker, msg, deadline, call)
