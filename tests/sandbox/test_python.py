@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from sandbank.sandbox.base import PythonCall
+from sandbank.sandbox.sessions import Runtime
 from tests.sandbox.conftest import Shell
+from tests.support import data_dir, settings
 
 pytestmark = pytest.mark.anyio
 
@@ -124,3 +127,23 @@ async def test_code_that_closes_or_redirects_its_stdout_does_not_break_the_sessi
     assert r.return_code == 0
     r = await sb.py("import sys\nprint('back')\nprint('err', file=sys.stderr)")
     assert (r.stdout, r.stderr) == ("back\n", "err\n")
+
+
+async def test_the_runtime_image_has_the_data_stack() -> None:
+    # Importing the whole stack needs more than the suite's small memory limit.
+    with data_dir() as d:
+        rt = Runtime(settings(d, memory_limit_mb=1024))
+        await rt.start()
+        try:
+            s = await rt.create("t")
+            r = await rt.execute(
+                s.id, "t",
+                PythonCall(
+                    "import numpy, pandas, scipy, sklearn, statsmodels, matplotlib, seaborn, PIL, openpyxl, pyarrow, sympy\n"
+                    "print(sympy.integrate(sympy.Symbol('x'), sympy.Symbol('x')))"
+                ),
+                60,
+            )  # fmt: skip
+            assert (r.stdout, r.stderr, r.return_code) == ("x**2/2\n", "", 0)
+        finally:
+            await rt.shutdown()
