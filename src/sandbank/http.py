@@ -1,10 +1,11 @@
-"""What both HTTP layers share: error bodies, request ids, the Host allow-list."""
+"""What both HTTP layers share: error bodies, request ids, the Host allow-list, file headers."""
 
 from __future__ import annotations
 
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from urllib.parse import quote
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -12,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import AtCapacity, SandbankError
+from .sandbox.workspace import media_type
 
 log = logging.getLogger("sandbank.http")
 
@@ -132,3 +134,25 @@ class HostAllowList:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def untrusted_file_headers(filename: str, size: int | None = None) -> dict[str, str]:
+    """Bytes written by untrusted code never run as a page on this origin."""
+    kind = (
+        "inline"
+        if media_type(filename).startswith("image/")
+        and not filename.lower().endswith((".svg", ".svgz"))
+        else "attachment"
+    )
+    ascii_name = filename.encode("ascii", "replace").decode().replace('"', "_").replace("\\", "_")
+    headers = {
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": "sandbox; default-src 'none'",
+        "Content-Disposition": (
+            f"{kind}; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(filename)}"
+        ),
+        "Cache-Control": "private, no-store",
+    }
+    if size is not None:
+        headers["Content-Length"] = str(size)
+    return headers

@@ -8,13 +8,13 @@ import os
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import BadRequest, PayloadTooLarge, Unprocessable, UnsupportedMediaType
+from ..http import untrusted_file_headers
 from ..sandbox.base import ExecResult
 from ..sandbox.sessions import Runtime, Session
 from ..sandbox.workspace import Workspace, media_type
@@ -145,28 +145,6 @@ def exec_response(tool: str, tool_use_id: str, result: ExecResult) -> dict[str, 
             },
         },
     }
-
-
-def untrusted_file_headers(filename: str, size: int | None = None) -> dict[str, str]:
-    """Bytes written by untrusted code never run as a page on this origin."""
-    kind = (
-        "inline"
-        if media_type(filename).startswith("image/")
-        and not filename.lower().endswith((".svg", ".svgz"))
-        else "attachment"
-    )
-    ascii_name = filename.encode("ascii", "replace").decode().replace('"', "_").replace("\\", "_")
-    headers = {
-        "X-Content-Type-Options": "nosniff",
-        "Content-Security-Policy": "sandbox; default-src 'none'",
-        "Content-Disposition": (
-            f"{kind}; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(filename)}"
-        ),
-        "Cache-Control": "private, no-store",
-    }
-    if size is not None:
-        headers["Content-Length"] = str(size)
-    return headers
 
 
 async def _stream(fd: int) -> AsyncIterator[bytes]:

@@ -9,8 +9,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from sandbank.errors import AtCapacity, BadRequest
-from sandbank.execapi.routes import untrusted_file_headers
 from sandbank.files import content_type
+from sandbank.http import untrusted_file_headers
 from sandbank.interpreter import openapi, schemas
 from sandbank.interpreter.identity import Identity
 from sandbank.interpreter.service import Interpreter
