@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,28 +15,38 @@ Reply = tuple[int, dict[str, Any]]  # HTTP status, JSON body
 
 @dataclass
 class FakeLLMServer:
-    """Answers POSTs with the scripted replies in order (the last one repeats)."""
+    """A loopback server answering POSTs; what it was sent is kept for assertions."""
 
-    script: list[Reply]
+    script: list[Reply] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     url: str = ""
 
     def next_reply(self) -> Reply:
+        """The scripted replies in order (the last one repeats)."""
         index = min(len(self.requests) - 1, len(self.script) - 1)
         return self.script[index]
 
 
 @contextmanager
 def serve(script: list[Reply]) -> Iterator[FakeLLMServer]:
-    fake = FakeLLMServer(script)
+    with serve_replies(lambda fake, path, body: fake.next_reply(), script) as fake:
+        yield fake
+
+
+@contextmanager
+def serve_replies(
+    reply: Callable[[FakeLLMServer, str, dict[str, Any]], Reply], script: list[Reply] | None = None
+) -> Iterator[FakeLLMServer]:
+    """Answers each POST with `reply(server, path, body)`."""
+    fake = FakeLLMServer(script or [])
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
             fake.paths.append(self.path)
-            fake.requests.append(json.loads(body))
-            status, payload = fake.next_reply()
+            fake.requests.append(body)
+            status, payload = reply(fake, self.path, body)
             data = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

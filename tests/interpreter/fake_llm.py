@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from tests.agent.fake_llm_servers import (
+    FakeLLMServer,
     anthropic_answer,
     anthropic_tool_use,
     openai_answer,
     openai_tool_call,
+    serve_replies,
 )
 
 CHART_CODE = """\
@@ -122,42 +121,15 @@ def anthropic_reply(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     return status, body
 
 
-@dataclass
-class FakeLLM:
-    url: str = ""
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    paths: list[str] = field(default_factory=list)
+FakeLLM = FakeLLMServer
 
 
 @contextmanager
 def fake_llm() -> Iterator[FakeLLM]:
     """Serves both APIs: `/v1/messages` is Anthropic's, every other POST OpenAI's."""
-    fake = FakeLLM()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-            fake.requests.append(body)
-            fake.paths.append(self.path)
-            reply = anthropic_reply if self.path.endswith("/messages") else openai_reply
-            status, payload = reply(body)
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def reply(fake: FakeLLM, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        return (anthropic_reply if path.endswith("/messages") else openai_reply)(body)
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serve_replies(reply) as fake:
         yield fake
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
