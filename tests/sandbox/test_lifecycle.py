@@ -141,28 +141,25 @@ async def test_an_empty_pool_means_a_slower_lease_not_a_refusal(runtime: Runtime
     await runtime.destroy(s.id, "tests")
 
 
-async def test_idle_timeout_and_max_lifetime_reclaim_sessions() -> None:
-    with data_dir() as d:
-        rt = Runtime(settings(d, reaper_interval_seconds=0.2))
-        await rt.start()
-        try:
-            idle = await rt.create("t", idle_timeout=1)
-            old = await rt.create("t", idle_timeout=100, max_lifetime=2)
-            busy = await rt.create("t", idle_timeout=1)
-            call = asyncio.create_task(
-                rt.execute(busy.id, "t", PythonCall("import time; time.sleep(2.5)"), 10)
-            )
-            await asyncio.sleep(1.8)
-            with pytest.raises(SessionNotFound):
-                rt.get(idle.id, "t")
-            rt.get(old.id, "t")  # touching does not extend the maximum lifetime
-            rt.get(busy.id, "t")  # a call in flight is not idleness
-            await asyncio.sleep(0.8)
-            with pytest.raises(SessionNotFound):
-                rt.get(old.id, "t")
-            assert (await call).return_code == 0
-        finally:
-            await rt.shutdown()
+async def test_idle_timeout_and_max_lifetime_reclaim_sessions(runtime: Runtime) -> None:
+    idle = await runtime.create("t", idle_timeout=10)
+    old = await runtime.create("t", idle_timeout=100, max_lifetime=20)
+    busy = await runtime.create("t", idle_timeout=10)
+    start = idle.last_activity_at
+    call = asyncio.create_task(
+        runtime.execute(busy.id, "t", PythonCall("import time; time.sleep(1)"), 10)
+    )
+    await asyncio.sleep(0.2)  # the call is in flight
+    runtime.reap(now=start + 15)
+    with pytest.raises(SessionNotFound):
+        runtime.get(idle.id, "t")
+    runtime.get(old.id, "t")  # touching does not extend the maximum lifetime
+    runtime.get(busy.id, "t")  # a call in flight is not idleness
+    runtime.reap(now=old.created_at + 21)
+    with pytest.raises(SessionNotFound):
+        runtime.get(old.id, "t")
+    assert (await call).return_code == 0
+    await runtime.destroy(busy.id, "t")
 
 
 async def test_lifetime_hints_are_clamped_to_the_ceilings(runtime: Runtime) -> None:

@@ -22,14 +22,14 @@ from .uids import UidAllocator
 
 INSIDE_DIR = Path(__file__).parent / "inside"
 RUNTIME_MOUNT = "/opt/sandbank/runtime"
-INSIDE_MOUNT = "/opt/sandbank/inside"
+LIB_MOUNT = "/opt/sandbank/lib"  # on the worker's path: the package below and the mpl backend
+INSIDE_MOUNT = f"{LIB_MOUNT}/sandbank_inside"
 HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # Read-only pieces of the host's /etc a data stack needs; nothing with secrets.
 ETC_BINDS = (
     "alternatives", "fonts", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime",
     "mime.types", "nsswitch.conf", "ssl/openssl.cnf",
 )  # fmt: skip
-MAX_FRAME = 16 * 1024 * 1024
 
 # Runs as root for a moment: joins the cgroups and sets rlimits while the process is tiny,
 # then execs setpriv, which drops to the sandbox uid before bwrap starts.
@@ -89,6 +89,7 @@ class BwrapSandbox(ManagedSandbox):
     async def _acquire(self) -> None:
         self._acquired = True
         self.uid = self.uids.claim()
+        self.root_policy = (self.uid, self.uid, 0o700)
         await asyncio.to_thread(self._acquire_sync)
 
     def _acquire_sync(self) -> None:
@@ -122,7 +123,7 @@ class BwrapSandbox(ManagedSandbox):
             "MPLBACKEND": "module://sandbank_mplbackend",
             "MPLCONFIGDIR": "/tmp/.matplotlib",
             "XDG_CACHE_HOME": "/tmp/.cache",
-            "PYTHONPATH": f"{INSIDE_MOUNT}/mpl",
+            "PYTHONPATH": f"{LIB_MOUNT}:{INSIDE_MOUNT}/mpl",
             "PYTHONDONTWRITEBYTECODE": "1",
             "OPENBLAS_NUM_THREADS": str(max(1, int(lim.cpus))),
             "OMP_NUM_THREADS": str(max(1, int(lim.cpus))),
@@ -157,7 +158,7 @@ class BwrapSandbox(ManagedSandbox):
             "--remount-ro", "/",
             "--chdir", "/workspace",
             "--seccomp", str(seccomp_fd),
-            "--", f"{RUNTIME_MOUNT}/bin/python3", "-s", f"{INSIDE_MOUNT}/worker.py",
+            "--", f"{RUNTIME_MOUNT}/bin/python3", "-s", "-m", "sandbank_inside.worker",
         ]  # fmt: skip
         return argv
 
@@ -169,18 +170,17 @@ class BwrapSandbox(ManagedSandbox):
                 self._argv(fd, pipe[0]),
                 env={"PATH": HOST_PATH},
                 pass_fds=[fd],
-                max_frame=MAX_FRAME,
                 interrupt_pipe=pipe,
             )
         finally:
             os.close(fd)
 
-    async def _kill_everything(self) -> None:
-        if self._worker is not None:
-            self._worker.kill()
+    async def _kill_everything(self, worker: WorkerProcess | None) -> None:
+        if worker is not None:
+            worker.kill()
         await asyncio.to_thread(self.cgroup.kill_all)
-        if self._worker is not None:
-            await self._worker.wait(timeout=2.0)
+        if worker is not None:
+            await worker.wait(timeout=2.0)
 
     def _oom_count(self) -> int:
         return self.cgroup.oom_kills()

@@ -1,37 +1,38 @@
-"""The host's end of a worker: the process, and length-prefixed JSON frames over its pipes.
+"""The host's end of a worker: the process, and the frames of `inside.protocol` over its pipes.
 
 Everything read from a worker was written by a process user code controls: frames are
-size-capped and every read has a deadline.
+size-capped, and a frame that breaks the protocol means the worker is broken (`WorkerBroken`),
+which the caller handles like its death.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
-import struct
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import SandboxError
+from .inside import protocol
 
 log = logging.getLogger(__name__)
-_HEADER = struct.Struct(">I")
 
 
 class WorkerGone(Exception):
     """The worker's pipe closed: it exited or was killed."""
 
 
+class WorkerBroken(WorkerGone):
+    """The worker sent something that breaks the protocol; it must be killed and replaced."""
+
+
 class WorkerProcess:
     # Every worker process asyncio spawned and has not reaped yet: the orphan reaper skips them.
     spawned: set[int] = set()
 
-    def __init__(self, proc: asyncio.subprocess.Process, max_frame: int, interrupts: int) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, interrupts: int) -> None:
         self.proc = proc
-        self.max_frame = max_frame
         self._interrupts = interrupts  # write end of the worker's interrupt pipe
         WorkerProcess.spawned.add(proc.pid)
         self._stderr_tail = b""
@@ -48,8 +49,8 @@ class WorkerProcess:
         argv: Sequence[str],
         env: dict[str, str],
         pass_fds: Sequence[int],
-        max_frame: int,
         interrupt_pipe: tuple[int, int],
+        cwd: str = "/",
     ) -> WorkerProcess:
         r, w = interrupt_pipe
         try:
@@ -61,6 +62,7 @@ class WorkerProcess:
                 env=env,
                 pass_fds=(*pass_fds, r),
                 close_fds=True,
+                cwd=cwd,
                 start_new_session=True,
                 limit=1 << 16,
             )
@@ -69,7 +71,7 @@ class WorkerProcess:
             raise
         finally:
             os.close(r)
-        return cls(proc, max_frame, w)
+        return cls(proc, w)
 
     def interrupt(self, hard: bool = False) -> None:
         """SIGINT the running call (hard: SIGKILL its processes); the worker acts at once."""
@@ -92,30 +94,24 @@ class WorkerProcess:
 
     async def send(self, msg: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
-        data = json.dumps(msg).encode()
         try:
-            self.proc.stdin.write(_HEADER.pack(len(data)) + data)
+            self.proc.stdin.write(protocol.encode(msg))
             await self.proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError, RuntimeError) as e:
             raise WorkerGone from e
 
     async def recv(self) -> dict[str, Any]:
+        """The next frame; `WorkerGone` when the pipe closed, `WorkerBroken` on a bad frame."""
         assert self.proc.stdout is not None
         try:
-            head = await self.proc.stdout.readexactly(_HEADER.size)
-            (size,) = _HEADER.unpack(head)
-            if size > self.max_frame:
-                raise SandboxError(f"the sandbox sent an oversized reply ({size} bytes)")
-            body = await self.proc.stdout.readexactly(size)
+            head = await self.proc.stdout.readexactly(protocol.HEADER.size)
+            (size,) = protocol.HEADER.unpack(head)
+            protocol.check_size(size, protocol.MAX_REPLY)
+            return protocol.decode(await self.proc.stdout.readexactly(size))
         except (asyncio.IncompleteReadError, ConnectionResetError) as e:
             raise WorkerGone from e
-        try:
-            msg = json.loads(body)
-        except ValueError as e:
-            raise SandboxError("the sandbox sent a malformed reply") from e
-        if not isinstance(msg, dict):
-            raise SandboxError("the sandbox sent a malformed reply")
-        return msg
+        except protocol.ProtocolViolation as e:
+            raise WorkerBroken(str(e)) from e
 
     async def wait(self, timeout: float = 5.0) -> int | None:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -24,7 +25,8 @@ from .base import (
     PythonCall,
     ToolCall,
 )
-from .channel import WorkerGone, WorkerProcess
+from .channel import WorkerBroken, WorkerGone, WorkerProcess
+from .inside import protocol
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +48,10 @@ class Limits:
 
 def to_message(call: ToolCall) -> dict[str, Any]:
     if isinstance(call, PythonCall):
-        return {"op": "python", "code": call.code}
+        return {"op": protocol.OP_PYTHON, "code": call.code}
     if isinstance(call, BashCall):
-        return {"op": "bash", "command": call.command}
-    msg: dict[str, Any] = {"op": "edit", "command": call.command, "path": call.path}
+        return {"op": protocol.OP_BASH, "command": call.command}
+    msg: dict[str, Any] = {"op": protocol.OP_EDIT, "command": call.command, "path": call.path}
     for key in ("file_text", "old_str", "new_str", "insert_line"):
         value = getattr(call, key)
         if value is not None:
@@ -70,6 +72,9 @@ class ManagedSandbox(ABC):
         self._lock = asyncio.Lock()
         self._closed = False
         self.restarts = 0
+        # The workspace root's (uid, gid, mode), restored before every start of a worker:
+        # sandboxed code may chmod it away (`chmod -R 644 .`), which would brick every restart.
+        self.root_policy: tuple[int, int, int] | None = None
 
     # --- what a backend provides ---------------------------------------------------------
     @property
@@ -85,8 +90,8 @@ class ManagedSandbox(ABC):
         """Start a worker on the sandbox's resources."""
 
     @abstractmethod
-    async def _kill_everything(self) -> None:
-        """Kill every process of the sandbox, the worker included."""
+    async def _kill_everything(self, worker: WorkerProcess | None) -> None:
+        """Kill every process of the sandbox, `worker` included."""
 
     @abstractmethod
     async def _release(self) -> None:
@@ -112,6 +117,8 @@ class ManagedSandbox(ABC):
             raise
 
     async def _start_worker(self) -> WorkerProcess:
+        if self.root_policy is not None:
+            await asyncio.to_thread(restore_root, self.workspace, *self.root_policy)
         worker = await self._launch()
         try:
             hello = await asyncio.wait_for(worker.recv(), READY_TIMEOUT)
@@ -119,7 +126,7 @@ class ManagedSandbox(ABC):
             diag = worker.diagnostics()
             await worker.close()
             raise SandboxError(f"the sandbox failed to start: {diag or e!r}") from e
-        if not hello.get("ready"):
+        if not hello.get(protocol.READY):
             await worker.close()
             raise SandboxError("the sandbox failed to start: no ready signal")
         return worker
@@ -127,13 +134,19 @@ class ManagedSandbox(ABC):
     def _schedule_restart(self) -> None:
         if self._closed or (self._restart and not self._restart.done()):
             return
-        self._worker = None
-        self._restart = asyncio.create_task(self._do_restart())
+        old, self._worker = self._worker, None
+        self._restart = asyncio.create_task(self._do_restart(old))
 
-    async def _do_restart(self) -> None:
-        await self._kill_everything()
+    async def _do_restart(self, old: WorkerProcess | None) -> None:
+        await self._retire(old)
         self.restarts += 1
         self._worker = await self._start_worker()
+
+    async def _retire(self, worker: WorkerProcess | None) -> None:
+        """Kill the sandbox's processes and release the old worker's pipes and pid."""
+        await self._kill_everything(worker)
+        if worker is not None:
+            await worker.close()
 
     async def _ready_worker(self, deadline: float) -> WorkerProcess | None:
         """The worker, once a pending restart is done; None if that outlasts the deadline."""
@@ -158,9 +171,7 @@ class ManagedSandbox(ABC):
         if self._restart is not None:
             self._restart.cancel()
         try:
-            await self._kill_everything()
-            if self._worker is not None:
-                await self._worker.close()
+            await self._retire(self._worker)
         finally:
             await self._release()
 
@@ -186,7 +197,7 @@ class ManagedSandbox(ABC):
                     duration_ms=int((time.monotonic() - started) * 1000),
                 )
             msg = to_message(call)
-            msg["limit"] = self.limits.output_bytes
+            msg[protocol.LIMIT] = self.limits.output_bytes
             reply = await self._exchange(worker, msg, deadline, call)
         reply.duration_ms = int((time.monotonic() - started) * 1000)
         return reply
@@ -202,6 +213,9 @@ class ManagedSandbox(ABC):
                 return _parse(await asyncio.wait_for(worker.recv(), timeout))
             except TimeoutError:
                 return await self._on_timeout(worker, call, deadline)
+        except WorkerBroken as e:
+            worker.kill()
+            return await self._on_death(worker, oom_before, broken=str(e))
         except WorkerGone:
             return await self._on_death(worker, oom_before)
         except asyncio.CancelledError:
@@ -215,9 +229,10 @@ class ManagedSandbox(ABC):
         try:
             await asyncio.wait_for(worker.recv(), self.limits.grace)
             return
-        except (TimeoutError, WorkerGone, SandboxError):
+        except (TimeoutError, WorkerGone):
             pass
-        await self._do_restart()
+        self._worker = None
+        await self._do_restart(worker)
 
     async def _on_timeout(
         self, worker: WorkerProcess, call: ToolCall, deadline: float
@@ -228,7 +243,7 @@ class ManagedSandbox(ABC):
             res.stderr += "\n[sandbank] timed out: interrupted; the session's state is kept\n"
             res.return_code = RC_TIMEOUT
             return res
-        except TimeoutError:
+        except (TimeoutError, WorkerGone):
             pass
         if isinstance(call, BashCall):
             # The shell ignored SIGINT: kill its command group, keep the Python interpreter.
@@ -241,7 +256,7 @@ class ManagedSandbox(ABC):
                 )
                 res.return_code = RC_TIMEOUT
                 return res
-            except TimeoutError:
+            except (TimeoutError, WorkerGone):
                 pass
         self._schedule_restart()
         return ExecResult(
@@ -253,11 +268,15 @@ class ManagedSandbox(ABC):
             return_code=RC_TIMEOUT,
         )
 
-    async def _on_death(self, worker: WorkerProcess, oom_before: int) -> ExecResult:
+    async def _on_death(
+        self, worker: WorkerProcess, oom_before: int, broken: str | None = None
+    ) -> ExecResult:
         if self._closed:
             return _result_of_destroyed(time.monotonic())
         status = await worker.wait(timeout=2.0)
-        if self._oom_count() > oom_before:
+        if broken is not None:
+            cause, rc = f"the interpreter broke the protocol ({broken}) and was killed", RC_KILLED
+        elif self._oom_count() > oom_before:
             mib = self.limits.memory_bytes // (1024 * 1024)
             limit = f"{mib // 1024} GiB" if mib % 1024 == 0 else f"{mib} MiB"
             cause, rc = f"killed: memory limit of {limit} exceeded", RC_KILLED
@@ -278,15 +297,36 @@ class ManagedSandbox(ABC):
 
 def _parse(reply: dict[str, Any]) -> ExecResult:
     try:
-        files = [str(f) for f in reply.get("files") or []]
+        files = [_text(f) for f in reply.get(protocol.FILES) or []]
+        stderr = _text(reply.get(protocol.STDERR) or "")
+        cut = int(reply.get(protocol.FILES_CUT) or 0)
+        if cut:
+            stderr += f"\n[sandbank] {cut} more produced files are not listed\n"
         return ExecResult(
-            stdout=str(reply.get("stdout") or ""),
-            stderr=str(reply.get("stderr") or ""),
-            return_code=int(reply.get("return_code") or 0),
+            stdout=_text(reply.get(protocol.STDOUT) or ""),
+            stderr=stderr,
+            return_code=int(reply.get(protocol.RETURN_CODE) or 0),
             files=files,
         )
-    except (TypeError, ValueError) as e:
-        raise SandboxError("the sandbox sent a malformed reply") from e
+    except (TypeError, ValueError, AttributeError) as e:
+        raise WorkerBroken("a malformed reply") from e
+
+
+def _text(value: Any) -> str:
+    """Text from a worker, with anything that cannot be UTF-8 (lone surrogates) replaced."""
+    if not isinstance(value, str):
+        raise TypeError("not text")
+    return value.encode("utf-8", "replace").decode("utf-8")
+
+
+def restore_root(root: Path, uid: int, gid: int, mode: int) -> None:
+    """Give the workspace root its owner and mode back, whatever sandboxed code did to it."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def _result_of_destroyed(started: float) -> ExecResult:

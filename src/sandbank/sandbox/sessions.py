@@ -181,8 +181,9 @@ class Runtime:
             await asyncio.sleep(self.settings.reaper_interval_seconds)
             self.reap()
 
-    def reap(self) -> None:
-        now = time.time()
+    def reap(self, now: float | None = None) -> None:
+        """Destroy the sessions expired at `now` (default: the current time)."""
+        now = time.time() if now is None else now
         for session in list(self._sessions.values()):
             reason = session.expired(now)
             if reason:

@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .bwrap import INSIDE_DIR, MAX_FRAME
+from .bwrap import INSIDE_DIR
 from .channel import WorkerProcess
 from .managed import Limits, ManagedSandbox
 
@@ -48,20 +48,26 @@ class UnisolatedSandbox(ManagedSandbox):
             "SANDBANK_PREIMPORT": "1" if self.preimport else "0",
             "MPLBACKEND": "module://sandbank_mplbackend",
             "MPLCONFIGDIR": str(self.dir / ".matplotlib"),
-            "PYTHONPATH": str(INSIDE_DIR / "mpl"),
+            "PYTHONPATH": f"{self._lib()}:{INSIDE_DIR / 'mpl'}",
         }
-        argv = [str(python), "-s", str(INSIDE_DIR / "worker.py")]
+        argv = [str(python), "-s", "-m", "sandbank_inside.worker"]
         pipe = WorkerProcess.interrupt_pipe()
         env["SANDBANK_INTERRUPT_FD"] = str(pipe[0])
-        return await WorkerProcess.spawn(
-            argv, env=env, pass_fds=[], max_frame=MAX_FRAME, interrupt_pipe=pipe
-        )
+        return await WorkerProcess.spawn(argv, env=env, pass_fds=[], interrupt_pipe=pipe, cwd=ws)
 
-    async def _kill_everything(self) -> None:
-        if self._worker is not None:
+    def _lib(self) -> Path:
+        """A directory where the in-sandbox package is importable as `sandbank_inside`."""
+        lib = self.dir / "lib"
+        if not lib.exists():
+            lib.mkdir()
+            (lib / "sandbank_inside").symlink_to(INSIDE_DIR)
+        return lib
+
+    async def _kill_everything(self, worker: WorkerProcess | None) -> None:
+        if worker is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._worker.pid, signal.SIGKILL)  # the worker and its children
-            await self._worker.wait(timeout=2.0)
+                os.killpg(worker.pid, signal.SIGKILL)  # the worker and its children
+            await worker.wait(timeout=2.0)
 
     async def _release(self) -> None:
         await asyncio.to_thread(shutil.rmtree, self.dir, True)

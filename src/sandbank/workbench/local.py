@@ -12,6 +12,7 @@ import anyio.to_thread
 from sandbank.config import Settings
 from sandbank.errors import NotFound, PathEscape, PayloadTooLarge, SessionNotFound
 from sandbank.sandbox.base import ExecResult, ToolCall
+from sandbank.sandbox.managed import restore_root
 from sandbank.sandbox.sessions import Runtime
 from sandbank.sandbox.workspace import Workspace
 from sandbank.workbench.base import MAX_WALK_ENTRIES, FileEntry, visible
@@ -41,20 +42,11 @@ class LocalSandboxes:
 
     async def create(self, owner: str) -> str:
         session = await self.runtime.create(owner)
-        root = session.sandbox.workspace
-        gid = session.sandbox.uid
-
-        def share_root() -> None:
-            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-            try:
-                os.fchown(fd, 0, gid)
-                os.fchmod(fd, SHARED_ROOT_MODE)
-            finally:
-                os.close(fd)
-
+        sandbox = session.sandbox
         # The unisolated development mode runs code as the server's own user: nothing to arrange.
-        if self.settings.isolation == "bwrap":
-            await anyio.to_thread.run_sync(share_root)
+        if sandbox.root_policy is not None:
+            sandbox.root_policy = (0, sandbox.uid, SHARED_ROOT_MODE)
+            await anyio.to_thread.run_sync(restore_root, sandbox.workspace, *sandbox.root_policy)
         return session.id
 
     async def exists(self, sandbox_id: str, owner: str) -> bool:

@@ -7,11 +7,14 @@ workspace; standard library only. Every failure is a result: (stdout, stderr, re
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any
 
 SNIPPET_LINES = 4
+MAX_SNIPPET_LINES = 200  # an edit's snippet shows at most this many lines
 MAX_VIEW_BYTES = 1 << 20
 MAX_DIR_ENTRIES = 500
+MAX_LISTED_LINES = 20  # line numbers named when old_str is not unique
 
 
 class EditorError(Exception):
@@ -58,18 +61,31 @@ class Editor:
     def rel(self, path: str) -> str:
         return os.path.relpath(path, self.root)
 
+    def _regular(self, fd: int, path: str) -> None:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise EditorError(f"{self.rel(path)} is not a regular file")
+
     def read(self, path: str) -> str:
         if os.path.isdir(path):
             raise EditorError(f"{self.rel(path)} is a directory")
-        if not os.path.exists(path):
+        if not os.path.lexists(path):
             raise EditorError(f"the file {self.rel(path)} does not exist")
-        if os.path.getsize(path) > MAX_VIEW_BYTES * 8:
+        # Non-blocking, then refused unless regular: a FIFO or a device never blocks the editor.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self._regular(fd, path)
+        if os.fstat(fd).st_size > MAX_VIEW_BYTES * 8:
+            os.close(fd)
             raise EditorError(f"{self.rel(path)} is too large to edit here; use bash or Python")
-        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        with open(fd, encoding="utf-8", errors="replace", newline="") as f:
             return f.read()
 
     def write(self, path: str, text: str) -> None:
-        with open(path, "w", encoding="utf-8", newline="") as f:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        self._regular(fd, path)
+        os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)
+        with open(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
 
     def remember(self, path: str, text: str) -> None:
@@ -145,10 +161,17 @@ class Editor:
                 f"no replacement was performed: old_str did not appear in {self.rel(path)}"
             )
         if count > 1:
-            lines = [n for n, line in enumerate(text.split("\n"), 1) if old.split("\n")[0] in line]
+            first = old.split("\n")[0]
+            lines = [n for n, line in enumerate(text.split("\n"), 1) if first in line]
+            shown = ", ".join(map(str, lines[:MAX_LISTED_LINES]))
+            more = (
+                f" and {len(lines) - MAX_LISTED_LINES} more"
+                if len(lines) > MAX_LISTED_LINES
+                else ""
+            )
             raise EditorError(
                 f"no replacement was performed: old_str appears {count} times "
-                f"(lines {lines}); make it unique"
+                f"(lines {shown}{more}); make it unique"
             )
         self.remember(path, text)
         updated = text.replace(old, new, 1)
@@ -188,5 +211,11 @@ class Editor:
         lines = text.split("\n")
         start = max(0, at_line - SNIPPET_LINES)
         end = min(len(lines), at_line + new.count("\n") + SNIPPET_LINES + 1)
+        cut = max(0, end - start - MAX_SNIPPET_LINES)
+        end -= cut
         body = "\n".join(f"{n:6}\t{ln}" for n, ln in enumerate(lines[start:end], start + 1))
-        return f"Snippet of the edited file:\n{body}\n"
+        if len(body) > MAX_VIEW_BYTES:
+            body = body[:MAX_VIEW_BYTES]
+            cut = cut or 1
+        note = "\n[snippet cut: view the file for the rest of the edit]" if cut else ""
+        return f"Snippet of the edited file:\n{body}{note}\n"

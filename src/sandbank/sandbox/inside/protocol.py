@@ -1,0 +1,135 @@
+"""The wire protocol between the server and a sandbox's worker: frames, caps, message kinds.
+
+Standard library only. The server imports it as `sandbank.sandbox.inside.protocol`, the worker
+as `sandbank_inside.protocol`: one module, so both ends agree on every number below.
+
+A frame is a 4-byte big-endian length and that many bytes of JSON (ASCII: lone surrogates and
+control characters are escaped, so any text survives the trip). The server sends one request
+and reads one reply; the worker never sends anything else. A reply that breaks these rules
+(too large, not JSON, not an object) means the worker is broken: the server treats it like a
+dead worker, restarts it, and the session stays usable.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+HEADER = struct.Struct(">I")
+
+# A request carries code or a file's text: the HTTP layer caps bodies at 16 MiB, which JSON
+# escaping can at most sextuple.
+MAX_REQUEST = 100 * 1024 * 1024
+# Everything a reply may carry, all fields together. The worker fits its replies under it.
+MAX_REPLY = 16 * 1024 * 1024
+MAX_FILES = 1000  # produced files listed in one result; more are counted, not listed
+MAX_PATH_CHARS = 4096  # a listed path longer than this is not listed
+
+# Request kinds (`op`) and their fields.
+OP_PYTHON = "python"  # code
+OP_BASH = "bash"  # command
+OP_EDIT = "edit"  # command, path, file_text, old_str, new_str, insert_line, view_range
+OP_PING = "ping"
+LIMIT = "limit"  # bytes of output kept per stream
+
+# The worker's first frame says it is ready: {"ready": true, "pid": N}.
+READY = "ready"
+
+# Reply fields: every reply to a call has all of them.
+STDOUT, STDERR, RETURN_CODE, FILES = "stdout", "stderr", "return_code", "files"
+FILES_CUT = "files_cut"  # how many produced files were not listed (absent when none)
+
+
+class ProtocolViolation(Exception):
+    """A frame broke the protocol: too large, not JSON, or not an object."""
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    data = json.dumps(msg, separators=(",", ":")).encode("ascii")
+    return HEADER.pack(len(data)) + data
+
+
+def decode(body: bytes) -> dict[str, Any]:
+    try:
+        msg = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise ProtocolViolation("not JSON") from e
+    if not isinstance(msg, dict):
+        raise ProtocolViolation("not a JSON object")
+    return msg
+
+
+def check_size(size: int, cap: int) -> None:
+    if size > cap:
+        raise ProtocolViolation(f"a frame of {size} bytes, over the cap of {cap}")
+
+
+def result(
+    stdout: str = "", stderr: str = "", return_code: int = 0, files: list[str] | None = None
+) -> dict[str, Any]:
+    """A reply to a call, with the produced files capped in number and path length."""
+    listed: list[str] = []
+    cut = 0
+    for path in files or []:
+        if len(listed) < MAX_FILES and len(path) <= MAX_PATH_CHARS:
+            listed.append(path)
+        else:
+            cut += 1
+    reply: dict[str, Any] = {
+        STDOUT: stdout, STDERR: stderr, RETURN_CODE: return_code, FILES: listed,
+    }  # fmt: skip
+    if cut:
+        reply[FILES_CUT] = cut
+    return fit(reply)
+
+
+def fit(reply: dict[str, Any]) -> dict[str, Any]:
+    """Shorten stdout and stderr until the encoded reply fits MAX_REPLY, saying so."""
+    size = len(encode(reply))
+    if size <= MAX_REPLY:
+        return reply
+    # Escaping can grow text up to 6x: cut by the encoded excess, then check again.
+    for _ in range(8):
+        excess = size - MAX_REPLY + 4096
+        for key in (STDOUT, STDERR):
+            text = str(reply.get(key) or "")
+            keep = max(0, len(text) - excess)
+            if keep < len(text):
+                reply[key] = text[:keep] + "\n[output truncated: the reply was too large]\n"
+        size = len(encode(reply))
+        if size <= MAX_REPLY:
+            return reply
+    reply[STDOUT] = reply[STDERR] = ""
+    reply[FILES] = reply[FILES][:10]
+    return reply
+
+
+# --- file names --------------------------------------------------------------------------
+# Names on disk are bytes; a name that is not valid UTF-8 is shown with each undecodable byte
+# as `\xNN`, the same way in produced files, ListFiles and GetFile (which accepts that form).
+
+
+def display_name(name: str) -> str:
+    """A file name from os.* (undecodable bytes as surrogates) as text safe to send anywhere."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def disk_name(shown: str) -> str | None:
+    """The on-disk name (os.* form) of a name shown with `\\xNN` escapes, if it has any."""
+    if "\\x" not in shown:
+        return None
+    out = bytearray()
+    i = 0
+    raw = shown.encode("utf-8", "surrogatepass")
+    while i < len(raw):
+        if raw[i : i + 2] == b"\\x" and len(raw) >= i + 4:
+            try:
+                out.append(int(raw[i + 2 : i + 4], 16))
+                i += 4
+                continue
+            except ValueError:
+                pass
+        out.append(raw[i])
+        i += 1
+    return bytes(out).decode("utf-8", "surrogateescape")

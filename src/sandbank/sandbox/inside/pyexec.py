@@ -1,0 +1,93 @@
+"""The persistent Python namespace: run a cell as a notebook does, echo its last expression."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import linecache
+import os
+import sys
+import traceback
+from typing import Any
+
+_HERE = {__file__}
+
+
+def hide_frames_of(*files: str) -> None:
+    """Frames of these files are dropped from users' tracebacks (the worker's own code)."""
+    _HERE.update(files)
+
+
+class PythonRunner:
+    """One namespace for the session's life; `run` returns the cell's exit status."""
+
+    def __init__(self, namespace: dict[str, Any], owner_pid: int) -> None:
+        self.namespace = namespace
+        self.namespace["__builtins__"] = __builtins__
+        self.owner_pid = owner_pid
+        self.cell = 0
+
+    def run(self, code: str) -> int:
+        status = self._run(code)
+        if os.getpid() != self.owner_pid:
+            # A fork of user code (os.fork) came back here: it ends, and never answers a call.
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(status & 0xFF)
+        save_figures()
+        return status
+
+    def _run(self, code: str) -> int:
+        self.cell += 1
+        filename = f"<cell {self.cell}>"
+        # Tracebacks show the offending line, as in a notebook.
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        try:
+            tree = ast.parse(code, filename, "exec")
+        except (SyntaxError, ValueError) as e:
+            traceback.print_exception(type(e), e, None)
+            return 1
+        last = None
+        # As in Jupyter, a bare last expression is echoed, unless a `;` ends the cell.
+        if tree.body and isinstance(tree.body[-1], ast.Expr) and not ends_with_semicolon(code):
+            last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
+        try:
+            exec(compile(tree, filename, "exec"), self.namespace)  # noqa: S102 - the product
+            if last is not None:
+                value = eval(compile(last, filename, "eval"), self.namespace)  # noqa: S307
+                if value is not None:
+                    print(repr(value))
+            return 0
+        except SystemExit as e:
+            if e.code is None:
+                return 0
+            if isinstance(e.code, int):
+                return e.code
+            print(e.code, file=sys.stderr)
+            return 1
+        except BaseException as e:
+            tb = e.__traceback__
+            # Drop our own frames: the user sees only their cell's.
+            while tb is not None and tb.tb_frame.f_code.co_filename in _HERE:
+                tb = tb.tb_next
+            traceback.print_exception(type(e), e, tb)
+            return 130 if isinstance(e, KeyboardInterrupt) else 1
+
+
+def ends_with_semicolon(code: str) -> bool:
+    lines = [line for line in code.rstrip().splitlines() if line.strip()]
+    return bool(lines) and lines[-1].split("#", 1)[0].rstrip().endswith(";")
+
+
+def save_figures() -> None:
+    """Figures still open at the end of a call are saved and closed, as `plt.show()` does."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None or not plt.get_fignums():
+        return
+    try:
+        import sandbank_mplbackend
+
+        sandbank_mplbackend.save_all()
+    except Exception:
+        traceback.print_exc()
