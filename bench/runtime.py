@@ -128,7 +128,7 @@ async def soak(cycles: int, data: Path) -> None:
             await rt.destroy(s.id, TENANT)
         await rt.drain()
         rt.reap()
-        left = {k: v for k, v in rt.factory.leftovers().items() if v}
+        left = {k: v for k, v in rt.backend.leftovers().items() if v}
         procs = [p for p in os.listdir("/proc") if p.isdigit() and _uid_of(p) in uids]
     finally:
         await rt.shutdown()

@@ -18,7 +18,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from .agent.anyllm import AnyLLMModel, model_from_settings
 from .agent.model import Model
 from .config import Settings
-from .errors import ModelEndpointRefused, ModelNotConfigured, SandbankError
+from .errors import ConfigError, ModelEndpointRefused, ModelNotConfigured, SandbankError
 from .execapi import openapi
 from .execapi.auth import TokenAuth, load_tokens
 from .execapi.routes import ExecApi
@@ -53,7 +53,7 @@ def check_exposure(settings: Settings, tokens: list[str]) -> None:
         return
     host = settings.exec_api_host if settings.exec_api == "separate" else settings.host
     if not is_loopback(host):
-        raise SandbankError(
+        raise ConfigError(
             f"refusing to serve the code-execution API on {host} without tokens: "
             "anyone who reaches it could run code. Set SANDBANK_EXEC_TOKENS (or "
             "SANDBANK_EXEC_TOKENS_FILE), listen on 127.0.0.1, serve it on a loopback listener "

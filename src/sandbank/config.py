@@ -80,6 +80,13 @@ class Settings(BaseSettings):
         ge=1,
         description="Live sessions; past it the least recently used idle one is reclaimed.",
     )
+    max_sessions_per_tenant: int = Field(
+        0,
+        ge=0,
+        description="Live sessions one tenant (exec token) may hold; 0 means `max_sessions`. "
+        "When the server is full, sessions of tenants over their fair share are reclaimed "
+        "first, the caller's own before anyone else's.",
+    )
     idle_timeout_default: int = Field(
         600, ge=1, description="Idle timeout of a session that asks for none (seconds)."
     )

@@ -1,33 +1,39 @@
-"""The error tree: every failure Sandbank reports, each knowing its HTTP status and stable code.
+"""The error tree: every failure Sandbank reports, each knowing its status, code and number.
 
-    SandbankError                      500  internal
-    ├── BadRequest                     400  bad_request
-    │   ├── UnknownTool                400  unknown_tool
-    │   ├── IsADirectory               400  is_a_directory
-    │   ├── Unprocessable              422  unprocessable
-    │   └── UnsupportedMediaType       415  unsupported_media_type
-    ├── Unauthorized                   401  unauthorized
-    ├── Forbidden                      403  forbidden
-    │   └── PathEscape                 403  path_escape
-    ├── NotFound                       404  not_found
-    │   └── SessionNotFound            404  session_not_found
-    ├── Conflict                       409  conflict
-    │   ├── RunInProgress              409  run_in_progress
-    │   ├── TooManyRuns                409  too_many_runs
-    │   └── QuotaExceeded              409  quota_exceeded
-    ├── PayloadTooLarge                413  payload_too_large
-    ├── AtCapacity                     503  at_capacity
-    ├── SandboxError                   500  sandbox_error
-    │   └── IsolationUnavailable       500  isolation_unavailable
-    └── AgentError                     500  agent_error
-        ├── ModelNotConfigured         503  model_not_configured
-        ├── ModelEndpointRefused       503  model_endpoint_refused
-        ├── ModelUnavailable           502  model_unavailable
-        ├── RunLimitReached            500  run_limit_reached
-        └── RunCancelled               500  run_cancelled
+    SandbankError                      500  internal                  1000
+    ├── BadRequest                     400  bad_request               1001
+    │   ├── UnknownTool                400  unknown_tool              1002
+    │   ├── Unprocessable              422  unprocessable             1003
+    │   ├── UnsupportedMediaType       415  unsupported_media_type    1004
+    │   └── IsADirectory               400  is_a_directory            1005
+    ├── Unauthorized                   401  unauthorized              1010
+    ├── Forbidden                      403  forbidden                 1011
+    │   └── PathEscape                 403  path_escape               1012
+    ├── NotFound                       404  not_found                 1020
+    │   └── SessionNotFound            404  session_not_found         1021
+    ├── Conflict                       409  conflict                  1030
+    │   ├── RunInProgress              409  run_in_progress           1110
+    │   ├── TooManyRuns                409  too_many_runs             1111
+    │   └── QuotaExceeded              409  quota_exceeded            1112
+    ├── PayloadTooLarge                413  payload_too_large         1040
+    ├── AtCapacity                     503  at_capacity               1050
+    ├── SandboxError                   500  sandbox_error             1060
+    │   └── ProtocolError              502  protocol_error            1062
+    ├── Misdirected                    421  misdirected               1070
+    ├── MethodNotAllowed               405  method_not_allowed        1080
+    ├── ConfigError                    500  config_error              1090
+    │   └── IsolationUnavailable       500  isolation_unavailable     1061
+    └── AgentError                     500  agent_error               1100
+        ├── ModelNotConfigured         503  model_not_configured      1101
+        ├── ModelEndpointRefused       503  model_endpoint_refused    1102
+        ├── ModelUnavailable           502  model_unavailable         1103
+        ├── RunLimitReached            500  run_limit_reached         1104
+        └── RunCancelled               500  run_cancelled             1105
 
-A user program's failure is never one of these: it is a result with a return code.
-Foreign exceptions are translated into this tree at the edge that meets them.
+The number is the interpreter API's `error_code`; codes and numbers are unique (a test says
+so). A user program's failure is never one of these: it is a result with a return code.
+`ConfigError`s stop the server at start with their message. Foreign exceptions are
+translated into this tree at the edge that meets them.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from __future__ import annotations
 class SandbankError(Exception):
     status = 500
     code = "internal"
+    number = 1000
 
     def __init__(self, message: str = "internal error") -> None:
         super().__init__(message)
@@ -45,74 +52,90 @@ class SandbankError(Exception):
 class BadRequest(SandbankError):
     status = 400
     code = "bad_request"
+    number = 1001
 
 
 class UnknownTool(BadRequest):
     code = "unknown_tool"
+    number = 1002
 
 
 class Unprocessable(BadRequest):
     status = 422
     code = "unprocessable"
+    number = 1003
 
 
 class UnsupportedMediaType(BadRequest):
     status = 415
     code = "unsupported_media_type"
+    number = 1004
 
 
 class Unauthorized(SandbankError):
     status = 401
     code = "unauthorized"
+    number = 1010
 
 
 class Forbidden(SandbankError):
     status = 403
     code = "forbidden"
+    number = 1011
 
 
 class PathEscape(Forbidden):
     code = "path_escape"
+    number = 1012
 
 
 class NotFound(SandbankError):
     status = 404
     code = "not_found"
+    number = 1020
 
 
 class SessionNotFound(NotFound):
     code = "session_not_found"
+    number = 1021
 
 
 class IsADirectory(BadRequest):
     code = "is_a_directory"
+    number = 1005
 
 
 class Conflict(SandbankError):
     status = 409
     code = "conflict"
+    number = 1030
 
 
 class RunInProgress(Conflict):
     code = "run_in_progress"
+    number = 1110
 
 
 class TooManyRuns(Conflict):
     code = "too_many_runs"
+    number = 1111
 
 
 class QuotaExceeded(Conflict):
     code = "quota_exceeded"
+    number = 1112
 
 
 class PayloadTooLarge(SandbankError):
     status = 413
     code = "payload_too_large"
+    number = 1040
 
 
 class AtCapacity(SandbankError):
     status = 503
     code = "at_capacity"
+    number = 1050
 
     def __init__(self, message: str = "at capacity", retry_after: int = 5) -> None:
         super().__init__(message)
@@ -121,19 +144,50 @@ class AtCapacity(SandbankError):
 
 class SandboxError(SandbankError):
     code = "sandbox_error"
+    number = 1060
 
 
-class IsolationUnavailable(SandboxError):
+class ProtocolError(SandboxError):
+    """A sandbox backend (a worker, a remote backend, a node) answered outside its protocol."""
+
+    status = 502
+    code = "protocol_error"
+    number = 1062
+
+
+class Misdirected(SandbankError):
+    status = 421
+    code = "misdirected"
+    number = 1070
+
+
+class MethodNotAllowed(SandbankError):
+    status = 405
+    code = "method_not_allowed"
+    number = 1080
+
+
+class ConfigError(SandbankError):
+    """The settings or the machine do not allow starting: the message says what to change."""
+
+    code = "config_error"
+    number = 1090
+
+
+class IsolationUnavailable(ConfigError):
     code = "isolation_unavailable"
+    number = 1061
 
 
 class AgentError(SandbankError):
     code = "agent_error"
+    number = 1100
 
 
 class ModelNotConfigured(AgentError):
     status = 503
     code = "model_not_configured"
+    number = 1101
 
     def __init__(
         self,
@@ -147,15 +201,18 @@ class ModelNotConfigured(AgentError):
 class ModelEndpointRefused(AgentError):
     status = 503
     code = "model_endpoint_refused"
+    number = 1102
 
 
 class ModelUnavailable(AgentError):
     status = 502
     code = "model_unavailable"
+    number = 1103
 
 
 class RunLimitReached(AgentError):
     code = "run_limit_reached"
+    number = 1104
 
     def __init__(self, message: str, limit: str) -> None:
         super().__init__(message)
@@ -164,6 +221,20 @@ class RunLimitReached(AgentError):
 
 class RunCancelled(AgentError):
     code = "run_cancelled"
+    number = 1105
 
     def __init__(self, message: str = "cancelled") -> None:
         super().__init__(message)
+
+
+def error_classes() -> list[type[SandbankError]]:
+    """Every class of the tree, the root first."""
+    found: list[type[SandbankError]] = [SandbankError]
+    for cls in found:
+        found.extend(c for c in cls.__subclasses__() if c.__module__ == __name__)
+    return found
+
+
+def error_numbers() -> dict[str, int]:
+    """Each error code and its number, as the interpreter API publishes them."""
+    return {cls.code: cls.number for cls in sorted(error_classes(), key=lambda c: c.number)}

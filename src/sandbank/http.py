@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from urllib.parse import quote
@@ -10,43 +11,23 @@ from urllib.parse import quote
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .errors import AtCapacity, SandbankError
+from .errors import (
+    AtCapacity,
+    BadRequest,
+    MethodNotAllowed,
+    Misdirected,
+    NotFound,
+    SandbankError,
+)
 from .sandbox.workspace import media_type
 
-log = logging.getLogger("sandbank.http")
+Endpoint = Callable[[Request], Awaitable[Response]]
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
-# Stable numeric codes for the interpreter API's `error_code` (documented in the README).
-ERROR_NUMBERS = {
-    "internal": 1000,
-    "bad_request": 1001,
-    "unknown_tool": 1002,
-    "unprocessable": 1003,
-    "unsupported_media_type": 1004,
-    "is_a_directory": 1005,
-    "unauthorized": 1010,
-    "forbidden": 1011,
-    "path_escape": 1012,
-    "not_found": 1020,
-    "session_not_found": 1021,
-    "conflict": 1030,
-    "payload_too_large": 1040,
-    "at_capacity": 1050,
-    "sandbox_error": 1060,
-    "isolation_unavailable": 1061,
-    "misdirected": 1070,
-    "method_not_allowed": 1080,
-    "agent_error": 1100,
-    "model_not_configured": 1101,
-    "model_endpoint_refused": 1102,
-    "model_unavailable": 1103,
-    "run_limit_reached": 1104,
-    "run_cancelled": 1105,
-    "run_in_progress": 1110,
-    "too_many_runs": 1111,
-    "quota_exceeded": 1112,
-}
+log = logging.getLogger("sandbank.http")
 
 
 def is_interpreter_api(request: Request) -> bool:
@@ -54,7 +35,7 @@ def is_interpreter_api(request: Request) -> bool:
 
 
 def error_response(
-    request: Request, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    request: Request, error: SandbankError, headers: dict[str, str] | None = None
 ) -> Response:
     """The error body each API promises.
 
@@ -62,15 +43,15 @@ def error_response(
     """
     if is_interpreter_api(request):
         error_id = str(uuid.uuid4())
-        log.info("error %s %s %s: %s", error_id, request.method, request.url.path, message)
+        log.info("error %s %s %s: %s", error_id, request.method, request.url.path, error.message)
         body: dict[str, object] = {
-            "message": message,
-            "error_code": ERROR_NUMBERS.get(code, 1000),
+            "message": error.message,
+            "error_code": error.number,
             "error_id": error_id,
         }
     else:
-        body = {"detail": message}
-    return JSONResponse(body, status_code=status, headers=headers)
+        body = {"detail": error.message}
+    return JSONResponse(body, status_code=error.status, headers=headers)
 
 
 async def on_sandbank_error(request: Request, exc: Exception) -> Response:
@@ -78,14 +59,16 @@ async def on_sandbank_error(request: Request, exc: Exception) -> Response:
     headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, AtCapacity) else None
     if exc.status >= 500:
         log.error("%s on %s %s: %s", exc.code, request.method, request.url.path, exc.message)
-    return error_response(request, exc.status, exc.code, exc.message, headers)
+    return error_response(request, exc, headers)
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "bad_request")
+    kind = {404: NotFound, 405: MethodNotAllowed}.get(exc.status_code, BadRequest)
+    error = kind(str(exc.detail))
+    error.status = exc.status_code
     headers = dict(exc.headers) if exc.headers else None
-    return error_response(request, exc.status_code, code, str(exc.detail), headers)
+    return error_response(request, error, headers)
 
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
@@ -94,10 +77,7 @@ async def on_unexpected(request: Request, exc: Exception) -> Response:
         "unexpected error, request id %s, on %s %s", request_id, request.method, request.url.path
     )
     return error_response(
-        request,
-        500,
-        "internal",
-        f"internal error; the server logged it with request id {request_id}",
+        request, SandbankError(f"internal error; the server logged it with request id {request_id}")
     )
 
 
@@ -128,9 +108,11 @@ class HostAllowList:
             if host not in self.allowed and name not in self.allowed:
                 request = Request(scope)
                 response = error_response(
-                    request, 421, "misdirected",
-                    f"Host {host!r} is not served here; add it to SANDBANK_ALLOWED_HOSTS",
-                )  # fmt: skip
+                    request,
+                    Misdirected(
+                        f"Host {host!r} is not served here; add it to SANDBANK_ALLOWED_HOSTS"
+                    ),
+                )
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -144,6 +126,8 @@ def untrusted_file_headers(filename: str, size: int | None = None) -> dict[str, 
         and not filename.lower().endswith((".svg", ".svgz"))
         else "attachment"
     )
+    # Control characters (a newline in a name) would break the header: they never reach it.
+    filename = _CONTROL.sub("_", filename)
     ascii_name = filename.encode("ascii", "replace").decode().replace('"', "_").replace("\\", "_")
     headers = {
         "X-Content-Type-Options": "nosniff",
@@ -156,3 +140,24 @@ def untrusted_file_headers(filename: str, size: int | None = None) -> dict[str, 
     if size is not None:
         headers["Content-Length"] = str(size)
     return headers
+
+
+def grouped_routes(table: list[tuple[str, str, Endpoint]]) -> list[Route]:
+    """One route per path serving all its methods: a 405 (or OPTIONS) names every one of them."""
+    by_path: dict[str, dict[str, Endpoint]] = {}
+    for path, method, endpoint in table:
+        by_path.setdefault(path, {})[method] = endpoint
+    return [Route(path, _dispatch(methods), methods=[*methods, "OPTIONS"])
+            for path, methods in by_path.items()]  # fmt: skip
+
+
+def _dispatch(methods: dict[str, Endpoint]) -> Endpoint:
+    allow = ", ".join(sorted({*methods, "OPTIONS", *(["HEAD"] if "GET" in methods else [])}))
+
+    async def endpoint(request: Request) -> Response:
+        method = "GET" if request.method == "HEAD" else request.method
+        if method == "OPTIONS":
+            return Response(status_code=204, headers={"Allow": allow})
+        return await methods[method](request)
+
+    return endpoint

@@ -1,15 +1,43 @@
-"""Fixtures: one real isolated runtime per test module, with test-sized limits."""
+"""The runtime's contract suite: every test runs against each backend claiming its property.
+
+A test (or module) says what it needs with `@pytest.mark.claims(INTERPRETERS, ...)` (the
+properties in sandbank.sandbox.backend); the `runtime` fixture is parametrized with every
+backend that claims them all, so a new backend inherits the whole suite by being listed here.
+`SANDBANK_TEST_BACKENDS=bwrap,none` narrows the list.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from sandbank.sandbox.backend import Backend
 from sandbank.sandbox.base import BashCall, EditorCall, ExecResult, PythonCall
+from sandbank.sandbox.bwrap import BwrapBackend
+from sandbank.sandbox.fake import FakeBackend
 from sandbank.sandbox.sessions import Runtime, Session
+from sandbank.sandbox.unisolated import UnisolatedBackend
 from tests.support import data_dir, settings
+
+BACKENDS: dict[str, type[Backend]] = {
+    "bwrap": BwrapBackend,
+    "none": UnisolatedBackend,
+    "fake": FakeBackend,
+}
+_CHOSEN = [b for b in os.environ.get("SANDBANK_TEST_BACKENDS", ",".join(BACKENDS)).split(",") if b]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend_name" not in metafunc.fixturenames:
+        return
+    needed: set[str] = set()
+    for marker in metafunc.definition.iter_markers("claims"):
+        needed.update(marker.args)
+    names = [n for n in _CHOSEN if needed <= BACKENDS[n].claims]
+    metafunc.parametrize("backend_name", names, scope="module")
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +52,11 @@ def module_data() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-async def runtime(module_data: Path) -> AsyncIterator[Runtime]:
-    rt = Runtime(settings(module_data, cpu_limit=0.5))
+async def runtime(module_data: Path, backend_name: str) -> AsyncIterator[Runtime]:
+    config = settings(
+        module_data, cpu_limit=0.5, isolation="none" if backend_name == "none" else "bwrap"
+    )
+    rt = Runtime(config, BACKENDS[backend_name](config))
     await rt.start()
     try:
         yield rt

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from sandbank.sandbox.backend import INTERPRETERS, ISOLATION
 from tests.sandbox.conftest import Shell
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.claims(INTERPRETERS)]
 
 
+@pytest.mark.claims(ISOLATION)  # /workspace exists in a root of its own only
 async def test_cd_exports_and_functions_persist(sb: Shell) -> None:
     r = await sb.sh(
         'mkdir -p sub && cd sub && export GREETING=hi && greet() { echo "$GREETING $1"; }'
@@ -25,6 +27,7 @@ async def test_streams_and_exit_status(sb: Shell) -> None:
     assert r.return_code == 0 and r.stdout == ""
 
 
+@pytest.mark.claims(ISOLATION)  # /workspace exists in a root of its own only
 async def test_exit_ends_the_shell_and_the_next_call_gets_a_new_one(sb: Shell) -> None:
     await sb.sh("cd /tmp")
     r = await sb.sh("echo bye; echo oops >&2; exit 7")
@@ -43,6 +46,7 @@ async def test_shell_and_python_share_the_workspace(sb: Shell) -> None:
     assert (await sb.py("print(open('s.txt').read().strip())")).stdout == "shared\n"
 
 
+@pytest.mark.claims(ISOLATION)  # /workspace exists in a root of its own only
 async def test_editor_create_view_replace_insert_undo(sb: Shell) -> None:
     r = await sb.edit(command="create", path="notes/a.py", file_text="one\ntwo\nthree\n")
     assert r.return_code == 0 and r.files == []

@@ -7,12 +7,13 @@ import os
 
 import pytest
 
+from sandbank.sandbox.backend import INTERPRETERS, ISOLATION
 from sandbank.sandbox.base import RC_KILLED, BashCall, EditorCall
 from sandbank.sandbox.channel import WorkerProcess
 from sandbank.sandbox.inside import protocol
 from tests.sandbox.conftest import Shell
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.claims(INTERPRETERS)]
 
 FORGE_FRAME = (
     "import gc, os, time\n"
@@ -58,7 +59,9 @@ def test_a_reply_is_fitted_under_the_cap_whatever_the_output() -> None:
 
 
 async def test_a_fork_of_user_code_never_answers_for_the_worker(sb: Shell) -> None:
-    r = await sb.py("import os, sys\nif os.fork() == 0:\n    sys.exit(0)\nos.wait()\nprint('parent')")
+    r = await sb.py(
+        "import os, sys\nif os.fork() == 0:\n    sys.exit(0)\nos.wait()\nprint('parent')"
+    )
     assert (r.stdout, r.return_code) == ("parent\n", 0), r.stderr
     r = await sb.py("import os\npid = os.fork()\nif pid == 0:\n    raise SystemExit(3)\nos.wait()")
     assert r.return_code == 0
@@ -102,6 +105,7 @@ async def test_bash_after_python_used_up_its_descriptors_is_an_error_result(sb: 
     assert (await sb.sh("echo hi")).stdout == "hi\n"
 
 
+@pytest.mark.claims(ISOLATION)
 async def test_a_workspace_chmodded_away_does_not_brick_restarts(sb: Shell) -> None:
     await sb.sh("chmod -R 644 /workspace")
     await sb.py("import os; os._exit(1)")

@@ -12,20 +12,22 @@ import pytest
 from sandbank.config import MiB, Settings
 from sandbank.errors import AtCapacity, IsolationUnavailable, SessionNotFound
 from sandbank.sandbox import bwrap, cgroups
+from sandbank.sandbox.backend import HOST_RESOURCES, INTERPRETERS, Backend, limits_from
 from sandbank.sandbox.base import PythonCall
-from sandbank.sandbox.factory import SandboxFactory, limits_from
+from sandbank.sandbox.bwrap import BwrapBackend
 from sandbank.sandbox.sessions import Runtime
 from sandbank.sandbox.uids import UidAllocator
 from tests.sandbox.conftest import Shell
 from tests.support import UID_LOCK_DIR, data_dir, processes_of_uids, settings
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.claims(INTERPRETERS)]
 
 
-def _nothing_left(factory: SandboxFactory) -> dict[str, list[str]]:
-    return {k: v for k, v in factory.leftovers().items() if v}
+def _nothing_left(backend: Backend) -> dict[str, list[str]]:
+    return {k: v for k, v in backend.leftovers().items() if v}
 
 
+@pytest.mark.claims(HOST_RESOURCES)
 async def test_destroy_kills_every_process_and_removes_every_resource(runtime: Runtime) -> None:
     sh = Shell(runtime, await runtime.create("tests"))
     uid = sh.session.sandbox.uid
@@ -35,7 +37,7 @@ async def test_destroy_kills_every_process_and_removes_every_resource(runtime: R
     await runtime.destroy(sh.session.id, "tests")
     await runtime.drain()
     assert processes_of_uids({uid}) == []
-    assert str(uid) not in runtime.factory.leftovers()["uids"]
+    assert str(uid) not in runtime.backend.leftovers()["uids"]
     assert not sh.session.sandbox.workspace.exists()
     with pytest.raises(SessionNotFound):
         runtime.get(sh.session.id, "tests")
@@ -55,28 +57,28 @@ async def test_fifty_create_destroy_cycles_leave_exactly_nothing_behind() -> Non
                 await rt.destroy(s.id, "cycle")
             await rt.drain()
             rt.reap()
-            assert _nothing_left(rt.factory) == {}
+            assert _nothing_left(rt.backend) == {}
             assert processes_of_uids(uids) == []
         finally:
             await rt.shutdown()
         # After shutdown even the instance's parent cgroups are gone.
         assert not any(
-            (cgroups.ROOT / c / "sandbank" / rt.factory.instance).exists()
+            (cgroups.ROOT / c / "sandbank" / rt.backend.instance).exists()
             for c in (*cgroups.V1_CONTROLLERS, cgroups.UNIFIED)
         )
 
 
 async def test_a_restart_cleans_what_a_crashed_run_of_the_same_data_dir_left_only() -> None:
     with data_dir() as d, data_dir() as other_dir:
-        crashed = SandboxFactory(settings(d))
+        crashed = BwrapBackend(settings(d))
         crashed.check()
-        crashed.prepare_dirs()
+        await crashed.prepare()
         orphan = crashed.new(preimport=False)
         await orphan.start()  # never closed: as if the server was killed
-        bystander_factory = SandboxFactory(settings(other_dir))
-        bystander_factory.check()
-        bystander_factory.prepare_dirs()
-        bystander = bystander_factory.new(preimport=False)
+        bystander_backend = BwrapBackend(settings(other_dir))
+        bystander_backend.check()
+        await bystander_backend.prepare()
+        bystander = bystander_backend.new(preimport=False)
         await bystander.start()
         try:
             assert _nothing_left(crashed)
@@ -287,6 +289,6 @@ async def test_a_cancelled_call_is_interrupted_and_the_next_call_is_in_step(sb: 
 def test_a_data_dir_sandbox_users_cannot_reach_fails_saying_so(tmp_path: Path) -> None:
     closed = tmp_path / "closed"
     closed.mkdir(mode=0o700)
-    factory = SandboxFactory(settings(closed / "data"))
+    backend = BwrapBackend(settings(closed / "data"))
     with pytest.raises(IsolationUnavailable, match="not traversable"):
-        factory.check()
+        backend.check()

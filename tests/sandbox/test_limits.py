@@ -6,12 +6,14 @@ import time
 
 import pytest
 
+from sandbank.sandbox.backend import INTERPRETERS, LIMITS
 from sandbank.sandbox.base import RC_KILLED, RC_TIMEOUT
 from tests.sandbox.conftest import Shell
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.claims(INTERPRETERS)]
 
 
+@pytest.mark.claims(LIMITS)
 async def test_memory_limit_kills_with_a_clear_message_and_next_call_gets_fresh_interpreter(
     sb: Shell,
 ) -> None:
@@ -25,6 +27,7 @@ async def test_memory_limit_kills_with_a_clear_message_and_next_call_gets_fresh_
     assert (r.stdout, r.return_code) == ("False\n", 0)
 
 
+@pytest.mark.claims(LIMITS)
 async def test_process_limit_contains_a_fork_bomb(sb: Shell) -> None:
     limit = sb.runtime.settings.pids_limit
     r = await sb.py(
@@ -41,6 +44,7 @@ async def test_process_limit_contains_a_fork_bomb(sb: Shell) -> None:
     assert (await sb.py("print('still fine')")).stdout == "still fine\n"
 
 
+@pytest.mark.claims(LIMITS)
 async def test_cpu_is_throttled_to_the_quota(sb: Shell) -> None:
     cpus = sb.runtime.settings.cpu_limit
     r = await sb.py(
@@ -57,6 +61,7 @@ async def test_cpu_is_throttled_to_the_quota(sb: Shell) -> None:
     assert used <= cpus * wall * 1.3 + 0.2, (used, wall)
 
 
+@pytest.mark.claims(LIMITS)
 async def test_disk_limit_fails_inside_with_enospc(sb: Shell) -> None:
     mib = sb.runtime.settings.disk_limit_mb
     r = await sb.sh(f"dd if=/dev/zero of=big bs=1M count={mib * 2} 2>&1; echo rc=$?")
@@ -65,6 +70,7 @@ async def test_disk_limit_fails_inside_with_enospc(sb: Shell) -> None:
     assert r.stdout == "ok\n"
 
 
+@pytest.mark.claims(LIMITS)
 async def test_open_files_limit(sb: Shell) -> None:
     limit = sb.runtime.settings.open_files_limit
     r = await sb.py(

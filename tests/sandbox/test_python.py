@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from sandbank.sandbox.backend import INTERPRETERS, ISOLATION
 from sandbank.sandbox.base import PythonCall
 from sandbank.sandbox.sessions import Runtime
 from tests.sandbox.conftest import Shell
 from tests.support import data_dir, settings
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.claims(INTERPRETERS)]
 
 
 async def test_namespace_imports_files_and_threads_survive_across_calls(sb: Shell) -> None:
@@ -87,6 +88,7 @@ async def test_produced_files_are_reported_relative_to_the_workspace(sb: Shell) 
     assert (await sb.py("print(open('before.txt').read())")).files == []
 
 
+@pytest.mark.claims(ISOLATION)  # /workspace exists in a root of its own only
 async def test_workspace_is_cwd_and_home(sb: Shell) -> None:
     r = await sb.py("import os; print(os.getcwd(), os.environ['HOME'])")
     assert r.stdout == "/workspace /workspace\n"

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import secrets
-from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
@@ -14,16 +11,16 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import BadRequest, PayloadTooLarge, Unprocessable, UnsupportedMediaType
-from ..http import untrusted_file_headers
+from ..http import grouped_routes, untrusted_file_headers
+from ..multipart import FormStream, is_multipart
+from ..sandbox import transfers
 from ..sandbox.base import ExecResult
 from ..sandbox.sessions import Runtime, Session
-from ..sandbox.workspace import Workspace, media_type
+from ..sandbox.workspace import media_type
 from . import schemas
 from .auth import TokenAuth
-from .uploads import receive_upload
 
 MAX_JSON_BODY = 16 * 1024 * 1024
-CHUNK = 256 * 1024
 
 
 class ExecApi:
@@ -33,15 +30,17 @@ class ExecApi:
         self.settings = runtime.settings
 
     def routes(self) -> list[Route]:
-        return [
-            Route("/sessions", self.create_session, methods=["POST"]),
-            Route("/sessions/{session_id}", self.destroy_session, methods=["DELETE"]),
-            Route("/sessions/{session_id}/exec", self.execute, methods=["POST"]),
-            Route("/sessions/{session_id}/files/list", self.list_files, methods=["GET"]),
-            Route("/sessions/{session_id}/files", self.get_file, methods=["GET"]),
-            Route("/sessions/{session_id}/files", self.put_file, methods=["POST"]),
-            Route("/health", self.health, methods=["GET"]),
-        ]
+        return grouped_routes(
+            [
+                ("/sessions", "POST", self.create_session),
+                ("/sessions/{session_id}", "DELETE", self.destroy_session),
+                ("/sessions/{session_id}/exec", "POST", self.execute),
+                ("/sessions/{session_id}/files/list", "GET", self.list_files),
+                ("/sessions/{session_id}/files", "GET", self.get_file),
+                ("/sessions/{session_id}/files", "POST", self.put_file),
+                ("/health", "GET", self.health),
+            ]
+        )
 
     def _tenant(self, request: Request) -> str:
         return self.auth.tenant(request.headers.get("authorization"))
@@ -53,7 +52,7 @@ class ExecApi:
         tenant = self._tenant(request)
         idle, lifetime = schemas.parse_create(await json_body(request, optional=True))
         session = await self.runtime.create(tenant, idle, lifetime)
-        return JSONResponse(handle(session), status_code=201)
+        return JSONResponse(session_handle(session), status_code=201)
 
     async def destroy_session(self, request: Request) -> Response:
         await self.runtime.destroy(request.path_params["session_id"], self._tenant(request))
@@ -74,8 +73,7 @@ class ExecApi:
     async def list_files(self, request: Request) -> Response:
         session = self._session(request)
         path = request.query_params.get("path", ".")
-        ws = Workspace(session.sandbox.workspace, None)
-        entries, truncated = await asyncio.to_thread(ws.list, path, self.settings.list_files_max)
+        entries, truncated = await transfers.list_files(session, path, self.settings.list_files_max)
         files: list[dict[str, Any]] = []
         for e in entries:
             item: dict[str, Any] = {
@@ -95,19 +93,27 @@ class ExecApi:
         path = request.query_params.get("path")
         if not path:
             raise BadRequest("the query parameter `path` is required")
-        ws = Workspace(session.sandbox.workspace, None)
-        fd, st = await asyncio.to_thread(ws.open_file, path)
-        name = path.rstrip("/").rsplit("/", 1)[-1]
+        download = await transfers.open_download(session, path)
+        # Chunked, at most the size at open: a file changing while it is sent keeps the
+        # response's framing valid.
         return StreamingResponse(
-            _stream(fd),
-            media_type=media_type(name),
-            headers=untrusted_file_headers(name, st.st_size),
+            download.chunks,
+            media_type=media_type(download.name),
+            headers=untrusted_file_headers(download.name),
         )
 
     async def put_file(self, request: Request) -> Response:
         session = self._session(request)
-        ws = Workspace(session.sandbox.workspace, session.sandbox.uid)
-        path, size = await receive_upload(request, ws, self.settings.put_file_max_bytes)
+        cap = self.settings.put_file_max_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap + 64 * 1024:
+            raise PayloadTooLarge(f"the file is larger than the cap of {cap} bytes")
+        content_type = request.headers.get("content-type")
+        if not is_multipart(content_type):
+            raise UnsupportedMediaType("PutFile takes multipart/form-data with a `file` part")
+        form = FormStream(content_type, request.stream())
+        parts = ((p.name, p.filename, chunks) async for p, chunks in form.parts())
+        path, size = await transfers.put_file(session, parts, cap)
         return JSONResponse({"path": path, "size_bytes": size}, status_code=201)
 
     async def health(self, request: Request) -> Response:
@@ -116,7 +122,7 @@ class ExecApi:
         return JSONResponse({"status": "ok", "pool_ready": self.runtime.pool.ready})
 
 
-def handle(session: Session) -> dict[str, Any]:
+def session_handle(session: Session) -> dict[str, Any]:
     return {
         "session_id": session.id,
         "idle_timeout_seconds": session.idle_timeout,
@@ -147,14 +153,6 @@ def exec_response(tool: str, tool_use_id: str, result: ExecResult) -> dict[str, 
     }
 
 
-async def _stream(fd: int) -> AsyncIterator[bytes]:
-    try:
-        while chunk := await asyncio.to_thread(os.read, fd, CHUNK):
-            yield chunk
-    finally:
-        os.close(fd)
-
-
 async def json_body(request: Request, optional: bool = False) -> Any:
     """The request's JSON body, refusing other media types (a CSRF and confusion guard)."""
     raw = bytearray()
@@ -173,3 +171,5 @@ async def json_body(request: Request, optional: bool = False) -> Any:
         return json.loads(raw)
     except ValueError as e:
         raise Unprocessable(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise Unprocessable("the request body is nested too deeply") from None

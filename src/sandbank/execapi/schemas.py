@@ -20,6 +20,9 @@ EDITOR_COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
 
 
 def _is_int(value: Any) -> bool:
+    """An integer in JSON Schema's sense: 3 and 3.0 are, 3.5 and true are not."""
+    if isinstance(value, float):
+        return value.is_integer()
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -32,11 +35,25 @@ def optional_positive_int(body: dict[str, Any], key: str, where: str = "") -> in
     return int(value)
 
 
+def _text(value: str, key: str, where: str) -> str:
+    """Strings go to a sandbox as UTF-8: lone surrogates ("\\ud800") are not text."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Unprocessable(
+            f"{where}{key} contains a lone surrogate (an escape such as \\ud800 that encodes "
+            "no character): it must be valid Unicode text"
+        ) from None
+    return value
+
+
 def optional_str(body: dict[str, Any], key: str, where: str = "") -> str | None:
     value = body.get(key)
-    if value is not None and not isinstance(value, str):
+    if value is None:
+        return None
+    if not isinstance(value, str):
         raise Unprocessable(f"{where}{key} must be a string")
-    return value
+    return _text(value, key, where)
 
 
 def required_str(body: dict[str, Any], key: str, where: str, non_empty: bool = True) -> str:
@@ -47,7 +64,7 @@ def required_str(body: dict[str, Any], key: str, where: str, non_empty: bool = T
         raise Unprocessable(f"{where}{key} must be a string")
     if non_empty and not value:
         raise Unprocessable(f"{where}{key} must not be empty")
-    return value
+    return _text(value, key, where)
 
 
 def parse_create(body: Any) -> tuple[int | None, int | None]:

@@ -5,10 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from python_multipart.multipart import MultipartParser, parse_options_header
-from starlette.requests import Request
 
 from sandbank.config import MiB, Settings
 from sandbank.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge, QuotaExceeded
@@ -18,6 +14,7 @@ from sandbank.store import FileRecord, Store
 SIGNED_FIELDS = ("key", "policy", "signature")
 MAX_FIELD = 8192
 MULTIPART_SLACK = 64 * 1024  # boundaries and fields beside the file, in a declared length
+FormParts = AsyncIterator[tuple[str, str | None, AsyncIterator[bytes]]]
 
 
 def session_of_key(key: str) -> tuple[str, str]:
@@ -113,119 +110,38 @@ class SessionFiles:
             raise NotFound("uploads go to the object store directly here")
         return receiver
 
-    async def receive(self, request: Request) -> None:
+    async def receive(self, parts: FormParts, declared: int | None) -> None:
         """A presigned POST form: the signed fields, then the `file` part, stored whole or not."""
         receiver = self._local()
-        ctype, params = parse_options_header(request.headers.get("content-type"))
-        if ctype != b"multipart/form-data" or b"boundary" not in params:
-            raise BadRequest("uploads are multipart/form-data: the form's fields, then `file`")
-        form = _Form()
-        parser = MultipartParser(params[b"boundary"], form.callbacks())
-        stream = request.stream()
-        try:
-            async for chunk in stream:
-                parser.write(chunk)
-                if form.file_started:
-                    break
-            if not form.file_started:
-                parser.finalize()
-                raise BadRequest("the form has no `file` part")
-            key, max_size = receiver.verify_upload(form.fields)
-            declared = request.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > max_size + MULTIPART_SLACK:
+        fields: dict[str, str] = {}
+        async for name, _filename, chunks in parts:
+            if name != "file":
+                fields[name] = await _field(name, chunks)
+                continue
+            # As with S3, the signed fields come first, so nothing is stored before checking.
+            key, max_size = receiver.verify_upload(fields)
+            if declared is not None and declared > max_size + MULTIPART_SLACK:
                 raise PayloadTooLarge(f"the file is larger than the form allows ({max_size} bytes)")
             session_id, filename = session_of_key(key)
             if await self.store.get_session(session_id) is None:
                 raise NotFound("the session of this upload no longer exists")
-
-            async def body() -> AsyncIterator[bytes]:
-                while True:
-                    while form.out:
-                        yield form.out.pop(0)
-                    if form.file_ended:
-                        return
-                    try:
-                        chunk = await stream.__anext__()
-                    except StopAsyncIteration:
-                        parser.finalize()
-                        if not form.file_ended:
-                            raise BadRequest("the upload ended before its file did") from None
-                        continue
-                    parser.write(chunk)
-
-            size = await receiver.receive_upload(key, body(), max_size)
-        except ValueError as e:  # the multipart parser's complaints
-            raise BadRequest(f"malformed multipart body: {e}") from None
-        if await self.store.get_session(session_id) is None:
-            await self.objects.delete(key)  # deleted while uploading
-            raise NotFound("the session of this upload no longer exists")
-        await self.store.upsert_file(session_id, filename, size, "user")
+            size = await receiver.receive_upload(key, chunks, max_size)
+            if await self.store.get_session(session_id) is None:
+                await self.objects.delete(key)  # deleted while uploading
+                raise NotFound("the session of this upload no longer exists")
+            await self.store.upsert_file(session_id, filename, size, "user")
+            return
+        raise BadRequest("the form has no `file` part")
 
     async def download(self, query: Mapping[str, str]) -> Download:
         key, filename = self._local().verify_download(query)
         return Download(await self.objects.open(key), filename)
 
 
-class _Form:
-    """Collects text fields; the `file` part's bytes queue in `out` for the object store."""
-
-    def __init__(self) -> None:
-        self.fields: dict[str, str] = {}
-        self.out: list[bytes] = []
-        self.file_started = False
-        self.file_ended = False
-        self._headers: dict[str, bytes] = {}
-        self._hname = b""
-        self._hvalue = b""
-        self._name = ""
-        self._in_file = False
-        self._value = bytearray()
-
-    def callbacks(self) -> Any:
-        return {
-            "on_part_begin": self._part_begin,
-            "on_header_field": self._header_field,
-            "on_header_value": self._header_value,
-            "on_header_end": self._header_end,
-            "on_headers_finished": self._headers_finished,
-            "on_part_data": self._part_data,
-            "on_part_end": self._part_end,
-        }
-
-    def _part_begin(self) -> None:
-        self._headers, self._value = {}, bytearray()
-
-    def _header_field(self, data: bytes, start: int, end: int) -> None:
-        self._hname += data[start:end]
-
-    def _header_value(self, data: bytes, start: int, end: int) -> None:
-        self._hvalue += data[start:end]
-
-    def _header_end(self) -> None:
-        self._headers[self._hname.decode("latin-1").lower()] = self._hvalue
-        self._hname = self._hvalue = b""
-
-    def _headers_finished(self) -> None:
-        _, params = parse_options_header(self._headers.get("content-disposition"))
-        self._name = params.get(b"name", b"").decode("utf-8", "replace")
-        self._in_file = self._name == "file"
-        if self._in_file:
-            if self.file_started:
-                raise BadRequest("only one `file` part is accepted")
-            # As with S3, the signed fields come first, so nothing is stored before checking.
-            self.file_started = True
-
-    def _part_data(self, data: bytes, start: int, end: int) -> None:
-        if self._in_file:
-            self.out.append(data[start:end])
-        else:
-            self._value += data[start:end]
-            if len(self._value) > MAX_FIELD:
-                raise BadRequest(f"form field {self._name!r} is too long")
-
-    def _part_end(self) -> None:
-        if self._in_file:
-            self.file_ended = True
-            self._in_file = False
-        elif self._name:
-            self.fields[self._name] = self._value.decode("utf-8", "replace")
+async def _field(name: str, chunks: AsyncIterator[bytes]) -> str:
+    value = bytearray()
+    async for chunk in chunks:
+        value += chunk
+        if len(value) > MAX_FIELD:
+            raise BadRequest(f"form field {name!r} is too long")
+    return value.decode("utf-8", "replace")

@@ -6,7 +6,7 @@ from functools import cache
 from typing import Any
 
 from sandbank.agent.records import ToolRecord, TraceRecord
-from sandbank.http import ERROR_NUMBERS
+from sandbank.errors import error_numbers
 from sandbank.openapi_merge import load_yaml, merge
 
 PACKAGE = "sandbank.interpreter"
@@ -30,7 +30,7 @@ def document() -> dict[str, Any]:
     merge(doc, load_yaml(PACKAGE, "additions.yaml"), "", added)
     generated = {
         "components": {"schemas": _record_schemas()},
-        "info": {"x-sandbank-error-codes": dict(sorted(ERROR_NUMBERS.items(), key=lambda i: i[1]))},
+        "info": {"x-sandbank-error-codes": error_numbers()},
     }
     merge(doc, generated, "", added)
     doc["info"]["x-sandbank-additions"] = sorted(added)

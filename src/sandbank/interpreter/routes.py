@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -10,10 +10,11 @@ from starlette.routing import Route
 
 from sandbank.errors import AtCapacity, BadRequest
 from sandbank.files import content_type
-from sandbank.http import untrusted_file_headers
+from sandbank.http import grouped_routes, untrusted_file_headers
 from sandbank.interpreter import openapi, schemas
 from sandbank.interpreter.identity import Identity
 from sandbank.interpreter.service import Interpreter
+from sandbank.multipart import FormStream, is_multipart
 from sandbank.store import User
 
 MAX_MESSAGE_BODY_SLACK = 4096  # JSON syntax and a `role` beside the content
@@ -31,7 +32,7 @@ class InterpreterApi:
         self.service, self.identity = service, identity
 
     def routes(self) -> list[Route]:
-        r: list[tuple[str, Callable[[Request], object], str]] = [
+        r: list[tuple[str, Callable[[Request], Awaitable[Response]], str]] = [
             ("/sessions", self.create_session, "POST"),
             ("/sessions", self.list_sessions, "GET"),
             ("/sessions/{session_id}", self.get_session, "GET"),
@@ -46,7 +47,7 @@ class InterpreterApi:
             ("/downloads", self.serve_download, "GET"),
             ("/openapi.json", self.openapi, "GET"),
         ]
-        return [Route(path, fn, methods=[m]) for path, fn, m in r]
+        return grouped_routes([(path, method, fn) for path, fn, method in r])
 
     async def _caller(self, request: Request) -> tuple[Interpreter, User]:
         if self.service is None or self.identity is None:
@@ -119,7 +120,14 @@ class InterpreterApi:
 
     async def receive_upload(self, request: Request) -> Response:
         """The presigned form's target (local store): its signature is the credential."""
-        await (await self._service()).files.receive(request)
+        service = await self._service()
+        content_type = request.headers.get("content-type")
+        if not is_multipart(content_type):
+            raise BadRequest("uploads are multipart/form-data: the form's fields, then `file`")
+        form = FormStream(content_type, request.stream())
+        parts = ((p.name, p.filename, chunks) async for p, chunks in form.parts())
+        declared = request.headers.get("content-length", "")
+        await service.files.receive(parts, int(declared) if declared.isdigit() else None)
         return Response(status_code=204)
 
     async def serve_download(self, request: Request) -> Response:

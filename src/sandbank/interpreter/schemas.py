@@ -11,8 +11,6 @@ from sandbank.errors import BadRequest
 from sandbank.files import validate_filename
 from sandbank.store import FileRecord, Message, Session
 
-MESSAGE_FIELDS = {"content", "role"}
-
 
 def session_id(raw: str) -> str:
     try:
@@ -60,14 +58,11 @@ def message_content(raw: bytes, content_type: str, max_chars: int) -> str:
         body = json.loads(raw)
     except ValueError as e:
         raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest("the request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    extra = sorted(set(body) - MESSAGE_FIELDS)
-    if extra:
-        raise BadRequest(
-            f"unexpected field(s) {', '.join(extra)}: a posted message has only `content` "
-            "(and optionally `role`: `user`)"
-        )
+    # Other fields of the Message schema (timestamp, internal) are the server's to set: ignored.
     if "role" in body and body["role"] != "user":
         raise BadRequest("`role` must be `user` when given")
     content = body.get("content")
@@ -75,6 +70,10 @@ def message_content(raw: bytes, content_type: str, max_chars: int) -> str:
         raise BadRequest("`content` must be a non-empty string")
     if len(content) > max_chars:
         raise BadRequest(f"`content` is longer than {max_chars} characters")
+    try:
+        content.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest("`content` contains a lone surrogate: it must be valid Unicode") from None
     return content
 
 

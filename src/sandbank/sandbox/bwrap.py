@@ -9,16 +9,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
+from ..config import Settings
 from ..errors import IsolationUnavailable
 from . import cgroups, disk
+from .backend import (
+    HOST_RESOURCES,
+    INTERPRETERS,
+    ISOLATION,
+    LIMITS,
+    RUNTIME,
+    Backend,
+    new_sandbox_id,
+)
 from .channel import WorkerProcess
 from .managed import Limits, ManagedSandbox
 from .seccomp import build_filter, filter_fd
 from .uids import UidAllocator
+
+log = logging.getLogger(__name__)
+PR_SET_CHILD_SUBREAPER = 36
 
 INSIDE_DIR = Path(__file__).parent / "inside"
 RUNTIME_MOUNT = "/opt/sandbank/runtime"
@@ -77,6 +93,7 @@ class BwrapSandbox(ManagedSandbox):
         self.cgroup = cgroups.Cgroup(instance, sandbox_id)
         self.seccomp_program = seccomp_program
         self._acquired = False
+        self.on_released: Callable[[str], None] = lambda _id: None
 
     @property
     def workspace(self) -> Path:
@@ -194,14 +211,137 @@ class BwrapSandbox(ManagedSandbox):
         finally:
             if self.uid:
                 self.uids.release(self.uid)
+            self.on_released(self.id)
 
     def _release_sync(self) -> None:
-        self.cgroup.kill_all()
-        with contextlib.suppress(FileNotFoundError):
+        """Give everything back; a step that fails is logged and the next ones still run."""
+        try:
+            self.cgroup.kill_all()
             self.cgroup.remove()
-        disk.destroy(self.image, self.workspace)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        except OSError as e:
+            log.warning("sandbox %s: its cgroup is not removed yet: %s", self.id, e)
+        remove_sandbox_dir(self.dir)
 
 
-def default_seccomp() -> bytes:
-    return build_filter()
+def remove_sandbox_dir(path: Path) -> None:
+    """Unmount a sandbox's disk (lazily, if a file on it is still open) and remove its files."""
+    try:
+        disk.destroy(path / "disk.img", path / "ws")
+    except Exception as e:
+        log.warning("sandbox %s: its disk is not removed yet: %s", path.name, e)
+    if not disk.is_mounted(path / "ws"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class BwrapBackend(Backend):
+    """Sandboxes in bubblewrap namespaces, with cgroups, a uid and a loop disk each."""
+
+    name = "bwrap"
+    claims = frozenset({RUNTIME, INTERPRETERS, ISOLATION, LIMITS, HOST_RESOURCES})
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.uids: UidAllocator | None = None
+        self.seccomp = b""
+        self._open: set[str] = set()  # sandboxes made and not yet given back
+
+    def check(self) -> None:
+        check_available()
+        python = self.runtime_dir / "bin" / "python3"
+        if not python.exists():
+            raise IsolationUnavailable(
+                f"the sandbox runtime is missing at {self.runtime_dir}: run `make install` "
+                "or set SANDBANK_RUNTIME_DIR"
+            )
+        # Sandbox uids must reach the runtime and their workspaces under the data directory.
+        data = self.settings.data_dir.resolve()
+        for target in (self.runtime_dir, data):
+            for parent in (p for p in [target, *target.parents] if p.exists()):
+                if parent.stat().st_mode & 0o001 == 0 and parent != data:
+                    raise IsolationUnavailable(
+                        f"{parent} is not traversable by other users, so sandbox users cannot "
+                        f"reach {target}: move it or `chmod o+x {parent}`"
+                    )
+        self.seccomp = build_filter()
+        s = self.settings
+        self.uids = UidAllocator(s.uid_lock_dir, s.uid_base, s.uid_count)
+
+    async def prepare(self) -> None:
+        data = self.settings.data_dir
+        data.mkdir(parents=True, exist_ok=True)
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        # Sandbox uids must traverse these to reach their own workspace (mode 0700 inside).
+        os.chmod(data, os.stat(data).st_mode | 0o111)  # noqa: S103 - traverse only, no listing
+        os.chmod(self.base_dir, 0o711)  # noqa: S103 - traverse only, no listing
+        # Orphans of sandboxes (bwrap's inner init) are reparented to us instead of PID 1.
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        await asyncio.to_thread(self._cleanup_stale)
+
+    def _cleanup_stale(self) -> None:
+        """Remove what a previous run of this data directory left; touch nothing else."""
+        for name in cgroups.instance_groups(self.instance):
+            group = cgroups.Cgroup(self.instance, name)
+            group.kill_all()
+            with contextlib.suppress(OSError):
+                group.remove()
+            log.info("removed stale cgroup %s", name)
+        self._remove_unowned()
+
+    def _remove_unowned(self) -> None:
+        for point in sorted(disk.mounts_under(self.base_dir), reverse=True):
+            if Path(point).parent.name not in self._open:
+                disk.unmount(point, lazy=True)
+                log.info("unmounted a leftover workspace %s", point)
+        if self.base_dir.exists():
+            for child in self.base_dir.iterdir():
+                if child.name not in self._open:
+                    remove_sandbox_dir(child)
+
+    def new(self, preimport: bool) -> BwrapSandbox:
+        assert self.uids is not None, "check() first"
+        sandbox = BwrapSandbox(
+            new_sandbox_id(),
+            instance=self.instance,
+            base_dir=self.base_dir,
+            runtime_dir=self.runtime_dir,
+            uids=self.uids,
+            limits=self.limits,
+            preimport=preimport,
+            seccomp_program=self.seccomp,
+        )
+        self._open.add(sandbox.id)
+        sandbox.on_released = self._open.discard
+        return sandbox
+
+    def sweep(self) -> None:
+        reap_orphans(WorkerProcess.spawned)
+        self._remove_unowned()
+
+    async def close(self) -> None:
+        reap_orphans(WorkerProcess.spawned)
+        cgroups.remove_instance_dirs(self.instance)
+
+    def leftovers(self) -> dict[str, list[str]]:
+        return {
+            **super().leftovers(),
+            "cgroups": cgroups.instance_groups(self.instance),
+            "mounts": disk.mounts_under(self.base_dir),
+            "uids": sorted(str(u) for u in self.uids.held()) if self.uids else [],
+        }
+
+
+def reap_orphans(known: set[int]) -> None:
+    """Reap bwrap's inner inits orphaned to us; asyncio reaps the processes it spawned itself."""
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in known:
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                head, _, rest = f.read().rpartition(b")")
+        except OSError:
+            continue
+        fields = rest.split()
+        if head.endswith(b"(bwrap") and fields[0] == b"Z" and int(fields[1]) == me:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(int(name), os.WNOHANG)

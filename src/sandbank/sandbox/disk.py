@@ -42,8 +42,9 @@ def create(image: Path, mountpoint: Path, size_bytes: int, uid: int) -> None:
 
 
 def destroy(image: Path, mountpoint: Path) -> None:
+    """Unmount and delete; a busy mount (a file still open on it) is detached lazily."""
     if is_mounted(mountpoint):
-        _run(["umount", str(mountpoint)])
+        unmount(str(mountpoint), lazy=True)
     with contextlib.suppress(FileNotFoundError):
         image.unlink()
 
@@ -64,5 +65,11 @@ def mounts_under(prefix: Path) -> list[str]:
     return found
 
 
-def unmount(point: str) -> None:
-    _run(["umount", point])
+def unmount(point: str, lazy: bool = False) -> None:
+    """Unmount `point`; with `lazy`, detach it even while busy (freed when the last file closes)."""
+    try:
+        _run(["umount", point])
+    except SandboxError:
+        if not lazy:
+            raise
+        _run(["umount", "--lazy", point])

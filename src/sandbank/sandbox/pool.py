@@ -7,8 +7,7 @@ import contextlib
 import logging
 from collections import deque
 
-from .factory import SandboxFactory
-from .managed import ManagedSandbox
+from .backend import Backend, Sandbox
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_FAILURE = 5.0
@@ -16,11 +15,11 @@ REFILL_DELAY = 0.25
 
 
 class WarmPool:
-    def __init__(self, factory: SandboxFactory, size: int, preimport: bool) -> None:
-        self.factory = factory
+    def __init__(self, backend: Backend, size: int, preimport: bool) -> None:
+        self.backend = backend
         self.size = size
         self.preimport = preimport
-        self._ready: deque[ManagedSandbox] = deque()
+        self._ready: deque[Sandbox] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -34,7 +33,7 @@ class WarmPool:
     def ready(self) -> int:
         return len(self._ready)
 
-    async def take(self) -> ManagedSandbox:
+    async def take(self) -> Sandbox:
         """A started sandbox, never handed out before. An empty pool means a cold start."""
         # Refill a moment later: starting a sandbox costs a core for a while, and the client
         # that just leased one is about to make its first call.
@@ -45,7 +44,7 @@ class WarmPool:
                 return sandbox
         # Cold path: skip the data-stack import so the lease stays fast; the user pays for
         # `import pandas` only if they use it.
-        sandbox = self.factory.new(preimport=False)
+        sandbox = self.backend.new(preimport=False)
         await sandbox.start()
         return sandbox
 
@@ -60,7 +59,7 @@ class WarmPool:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            sandbox = self.factory.new(preimport=self.preimport)
+            sandbox = self.backend.new(preimport=self.preimport)
             try:
                 await sandbox.start()
             except Exception:

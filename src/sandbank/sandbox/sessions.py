@@ -7,30 +7,34 @@ import contextlib
 import logging
 import secrets
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from ..config import Settings
 from ..errors import AtCapacity, SessionNotFound
+from .backend import Backend, Sandbox
 from .base import RC_TIMEOUT, ExecResult, ToolCall
-from .channel import WorkerProcess
-from .factory import SandboxFactory, become_subreaper, reap_orphans
-from .managed import ManagedSandbox
+from .chooser import backend_for
 from .pool import WarmPool
+from .workspace import OpenFile
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Session:
+    """A leased sandbox: its tenant, lifetimes, call ordering and open file transfers."""
+
     id: str
     tenant: str
-    sandbox: ManagedSandbox
+    sandbox: Sandbox
     idle_timeout: int
     max_lifetime: int
     created_at: float = field(default_factory=time.time)
     last_activity_at: float = field(default_factory=time.time)
     inflight: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # FIFO: calls run in arrival order
+    open_files: set[OpenFile] = field(default_factory=set)  # closed when the session goes
 
     def touch(self) -> None:
         self.last_activity_at = time.time()
@@ -46,10 +50,10 @@ class Session:
 class Runtime:
     """The sandbox runtime as the HTTP layers see it. Nothing here knows about HTTP."""
 
-    def __init__(self, settings: Settings, factory: SandboxFactory | None = None) -> None:
+    def __init__(self, settings: Settings, backend: Backend | None = None) -> None:
         self.settings = settings
-        self.factory = factory or SandboxFactory(settings)
-        self.pool = WarmPool(self.factory, settings.pool_size, settings.pool_preimport)
+        self.backend = backend or backend_for(settings)
+        self.pool = WarmPool(self.backend, settings.pool_size, settings.pool_preimport)
         self._sessions: dict[str, Session] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._reaper: asyncio.Task[None] | None = None
@@ -57,11 +61,8 @@ class Runtime:
 
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
-        self.factory.check()
-        self.factory.prepare_dirs()
-        if self.factory.isolated:
-            become_subreaper()
-        await self.factory.cleanup_stale()
+        self.backend.check()
+        await self.backend.prepare()
         self.pool.start()
         self._reaper = asyncio.create_task(self._reap_forever())
         self._accepting = True
@@ -77,8 +78,7 @@ class Runtime:
             self._destroy_in_background(sid)
         await self.pool.close()
         await self.drain()
-        self._reap_orphans()
-        self.factory.release_instance()
+        await self.backend.close()
 
     async def drain(self) -> None:
         """Wait until every destroy started so far has finished."""
@@ -95,8 +95,7 @@ class Runtime:
         if not self._accepting:
             raise AtCapacity("the server is shutting down", retry_after=30)
         s = self.settings
-        if len(self._sessions) >= s.max_sessions:
-            self._reclaim_one()
+        self._make_room(tenant)
         sandbox = await self.pool.take()
         session = Session(
             id=secrets.token_urlsafe(18),
@@ -108,15 +107,38 @@ class Runtime:
         self._sessions[session.id] = session
         return session
 
-    def _reclaim_one(self) -> None:
-        idle = [x for x in self._sessions.values() if x.inflight == 0 and not x.lock.locked()]
-        if not idle:
+    def _make_room(self, tenant: str) -> None:
+        """Reclaim an idle session if needed, never below another tenant's fair share."""
+        s = self.settings
+        mine = [x for x in self._sessions.values() if x.tenant == tenant]
+        cap = s.max_sessions_per_tenant or s.max_sessions
+        if len(mine) >= cap:
+            self._reclaim(mine, f"this client already has {cap} sessions, its most")
+        elif len(self._sessions) >= s.max_sessions:
+            counts = Counter(x.tenant for x in self._sessions.values())
+            counts[tenant] += 1
+            share = s.max_sessions / len(counts)
+            # Tenants over their share give way, the caller first, then the largest one.
+            over = sorted((t for t, n in counts.items() if n > share),
+                          key=lambda t: (t != tenant, -counts[t]))  # fmt: skip
+            for victim_tenant in over:
+                theirs = [x for x in self._sessions.values() if x.tenant == victim_tenant]
+                if self._reclaim(theirs, None):
+                    return
             raise AtCapacity(
-                f"all {self.settings.max_sessions} sessions are busy; retry shortly", retry_after=5
+                f"all {s.max_sessions} sessions are busy; retry shortly", retry_after=5
             )
+
+    def _reclaim(self, candidates: list[Session], refusal: str | None) -> bool:
+        idle = [x for x in candidates if x.inflight == 0 and not x.lock.locked()]
+        if not idle:
+            if refusal is not None:
+                raise AtCapacity(f"{refusal}, all busy; retry shortly", retry_after=5)
+            return False
         victim = min(idle, key=lambda x: x.last_activity_at)
         log.info("reclaiming least recently used session to make room")
         self._destroy_in_background(victim.id)
+        return True
 
     def get(self, session_id: str, tenant: str) -> Session:
         session = self._sessions.get(session_id)
@@ -169,11 +191,14 @@ class Runtime:
         task.add_done_callback(self._closing.discard)
 
     async def _close(self, session: Session) -> None:
+        # A client's open download or upload must not keep the workspace's disk busy.
+        for open_file in list(session.open_files):
+            open_file.close()
         try:
             await session.sandbox.close()
         except Exception:
-            log.exception("failed to remove a sandbox cleanly")
-        self._reap_orphans()
+            log.exception("failed to remove a sandbox cleanly; the sweep retries")
+        await asyncio.to_thread(self.backend.sweep)  # reap its orphaned processes now
 
     # --- reaping -------------------------------------------------------------------------
     async def _reap_forever(self) -> None:
@@ -189,11 +214,7 @@ class Runtime:
             if reason:
                 log.info("reclaiming a session: %s", reason)
                 self._destroy_in_background(session.id)
-        self._reap_orphans()
-
-    def _reap_orphans(self) -> None:
-        if self.factory.isolated:
-            reap_orphans(WorkerProcess.spawned)
+        self.backend.sweep()
 
     def healthy(self) -> bool:
         return self._accepting

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import signal
 import sys
 from pathlib import Path
 
+from .backend import INTERPRETERS, RUNTIME, Backend, new_sandbox_id
 from .bwrap import INSIDE_DIR
 from .channel import WorkerProcess
 from .managed import Limits, ManagedSandbox
+
+log = logging.getLogger(__name__)
 
 
 class UnisolatedSandbox(ManagedSandbox):
@@ -71,3 +75,25 @@ class UnisolatedSandbox(ManagedSandbox):
 
     async def _release(self) -> None:
         await asyncio.to_thread(shutil.rmtree, self.dir, True)
+
+
+class UnisolatedBackend(Backend):
+    """Workers as plain child processes of the server: development only."""
+
+    name = "none"
+    claims = frozenset({RUNTIME, INTERPRETERS})
+
+    def check(self) -> None:
+        log.warning(
+            "!!! SANDBANK_ISOLATION=none: sandboxes are NOT isolated. Code runs as this "
+            "server's user with its file system and network. Development use only. !!!"
+        )
+
+    def new(self, preimport: bool) -> UnisolatedSandbox:
+        return UnisolatedSandbox(
+            new_sandbox_id(),
+            base_dir=self.base_dir,
+            runtime_dir=self.runtime_dir,
+            limits=self.limits,
+            preimport=preimport,
+        )

@@ -10,15 +10,28 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import mimetypes
 import os
 import secrets
 import stat
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
-from ..errors import BadRequest, IsADirectory, NotFound, PathEscape, PayloadTooLarge
+from ..errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    IsADirectory,
+    NotFound,
+    PathEscape,
+    PayloadTooLarge,
+    SandbankError,
+)
+from .inside.protocol import disk_name, display_name
 
 SANDBOX_ROOT = "/workspace"  # how sandboxed code (and clients) name the workspace
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -58,7 +71,63 @@ def split(path: str) -> list[str]:
     return parts
 
 
+class TransferAborted(Exception):
+    """The file's session was destroyed while the file was being sent or received."""
+
+
+class OpenFile:
+    """A workspace file the server holds open for a client; `close` may come from any thread.
+
+    A session's open files are closed when it is destroyed, so a slow or stalled client can
+    never keep the workspace's disk (and its loop device) busy after the session is gone.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def read(self, size: int) -> bytes:
+        with self._lock:
+            if self.closed:
+                raise TransferAborted
+            return os.read(self.fd, size)
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            if self.closed:
+                raise TransferAborted
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view) :]
+
+    def close(self) -> None:
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                os.close(self.fd)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _translating(method: F) -> F:
+    """Any OSError the operation meets (the workspace is changed by hostile code) is a 4xx."""
+
+    @functools.wraps(method)
+    def wrapper(self: Workspace, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as e:
+            shown = args[0] if args and isinstance(args[0], str) else "the workspace"
+            raise translate_oserror(e, shown) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
 class Workspace:
+    """The server's file operations on one workspace, from its root's directory descriptor."""
+
     def __init__(self, root: Path, uid: int | None) -> None:
         self.root = root
         self.uid = uid  # files the server writes belong to the session's user
@@ -67,7 +136,8 @@ class Workspace:
     def _dir(self, parts: list[str], create: bool = False) -> Iterator[int]:
         fd = os.open(self.root, _DIR_FLAGS)
         try:
-            for name in parts:
+            for shown in parts:
+                name = _on_disk(fd, shown)
                 try:
                     nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
                 except FileNotFoundError:
@@ -80,19 +150,20 @@ class Workspace:
                 except OSError as e:
                     if e.errno in (errno.ENOTDIR, errno.ELOOP):
                         _lstat(fd, name, "/".join(parts))  # a symlink: refused as an escape
-                    raise _translate(e, "/".join(parts)) from None
+                    raise translate_oserror(e, "/".join(parts)) from None
                 os.close(fd)
                 fd = nxt
             yield fd
         finally:
             os.close(fd)
 
+    @_translating
     def list(self, path: str, limit: int) -> tuple[list[Entry], bool]:
         """One level of the directory at `path` (or that single file); and whether it was cut."""
         parts = split(path)
         if parts:
             with self._dir(parts[:-1]) as parent:
-                st = _lstat(parent, parts[-1], "/".join(parts))
+                st = _lstat(parent, _on_disk(parent, parts[-1]), "/".join(parts))
                 if stat.S_ISREG(st.st_mode):
                     return [Entry("/".join(parts), st.st_size, st.st_mtime)], False
         entries: list[Entry] = []
@@ -104,7 +175,8 @@ class Workspace:
                     st = de.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                rel = f"{prefix}/{de.name}" if prefix else de.name
+                shown = display_name(de.name)
+                rel = f"{prefix}/{shown}" if prefix else shown
                 if stat.S_ISREG(st.st_mode):
                     entry = Entry(rel, st.st_size, st.st_mtime)
                 elif stat.S_ISDIR(st.st_mode):
@@ -118,6 +190,7 @@ class Workspace:
         entries.sort(key=lambda e: e.path)
         return entries, truncated
 
+    @_translating
     def open_file(self, path: str) -> tuple[int, os.stat_result]:
         """A read descriptor on a regular file inside the workspace, and its stat."""
         parts = split(path)
@@ -126,12 +199,12 @@ class Workspace:
         with self._dir(parts[:-1]) as parent:
             try:
                 fd = os.open(
-                    parts[-1],
+                    _on_disk(parent, parts[-1]),
                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                     dir_fd=parent,
                 )
             except OSError as e:
-                raise _translate(e, path) from None
+                raise translate_oserror(e, path) from None
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             os.close(fd)
@@ -141,6 +214,7 @@ class Workspace:
             raise NotFound(f"{path!r} is not a regular file")
         return fd, st
 
+    @_translating
     def write_file(self, path: str, chunks: Iterator[bytes], max_bytes: int) -> int:
         """Write a whole file (to a temporary name, renamed on success); nothing left on failure."""
         parts = split(path)
@@ -180,6 +254,7 @@ class Workspace:
         return size
 
     # --- staged writes: bytes land under a hidden name first, moved in place when complete ---
+    @_translating
     def stage(self) -> tuple[str, int]:
         """A new hidden file at the workspace root, open for writing, owned by the session."""
         name = f".sandbank-upload-{secrets.token_hex(8)}"
@@ -192,6 +267,7 @@ class Workspace:
             os.fchown(fd, self.uid, self.uid)
         return name, fd
 
+    @_translating
     def commit(self, staged: str, path: str) -> str:
         """Move a staged file to `path` (parents created); returns the workspace-relative path."""
         try:
@@ -214,17 +290,39 @@ class Workspace:
             os.unlink(staged, dir_fd=root)
 
 
+def _on_disk(parent: int, shown: str) -> str:
+    """The entry's name on disk: as given, or decoded from `\\xNN` escapes if only that exists."""
+    raw = disk_name(shown)
+    if raw is None:
+        return shown
+    try:
+        os.stat(shown, dir_fd=parent, follow_symlinks=False)
+        return shown
+    except OSError:
+        return raw
+
+
+@contextlib.contextmanager
+def translated(shown: str) -> Iterator[None]:
+    """OSErrors of a workspace operation as errors of our tree (never a bare 500)."""
+    try:
+        yield
+    except OSError as e:
+        raise translate_oserror(e, shown) from None
+
+
 def _lstat(parent: int, name: str, shown: str) -> os.stat_result:
     try:
         st = os.stat(name, dir_fd=parent, follow_symlinks=False)
     except OSError as e:
-        raise _translate(e, shown) from None
+        raise translate_oserror(e, shown) from None
     if stat.S_ISLNK(st.st_mode):
         raise PathEscape(f"{shown!r} is a symbolic link; links are not followed")
     return st
 
 
-def _translate(e: OSError, shown: str) -> Exception:
+def translate_oserror(e: OSError, shown: str) -> SandbankError:
+    """An OSError of a workspace operation as an error of our tree, naming what was touched."""
     if e.errno == errno.ENOENT:
         return NotFound(f"no such file or directory: {shown!r}")
     if e.errno in (errno.ELOOP, errno.EMLINK):
@@ -233,6 +331,11 @@ def _translate(e: OSError, shown: str) -> Exception:
         return NotFound(f"{shown!r}: a component is not a directory")
     if e.errno == errno.EISDIR:
         return IsADirectory(f"{shown!r} is a directory")
-    if e.errno == errno.ENOSPC:
-        return PayloadTooLarge("the session's workspace disk is full")
-    return e
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return PayloadTooLarge("the session's workspace disk is full (no space or no inodes left)")
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return Forbidden(f"{shown!r}: permission denied in the workspace")
+    if e.errno == errno.ENAMETOOLONG:
+        return BadRequest(f"{shown!r}: a name is too long")
+    # The workspace changed under the operation (sandboxed code swapped a name, say).
+    return Conflict(f"{shown!r}: the workspace changed during the operation ({e.strerror})")

@@ -12,7 +12,7 @@ from alembic.config import Config
 from sqlalchemy import event
 from sqlalchemy.engine import Engine, make_url
 
-from sandbank.errors import BadRequest
+from sandbank.errors import ConfigError
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_S = 30.0
@@ -39,7 +39,7 @@ def create_engines(url: str) -> Engines:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database in (None, "", ":memory:"):
-            raise BadRequest("SQLite needs a file: readers and the writer share it")
+            raise ConfigError("SQLite needs a file: readers and the writer share it")
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         # SQLite allows one writer at a time: a one-connection writer engine that takes the
         # write lock when its transaction begins (so read-then-write never deadlocks), and a
@@ -50,7 +50,7 @@ def create_engines(url: str) -> Engines:
     if parsed.get_backend_name() == "postgresql":
         engine = sa.create_engine(url, pool_size=8, max_overflow=4, pool_pre_ping=True)
         return Engines(engine, engine, is_sqlite=False, pool_size=12)
-    raise BadRequest(f"unsupported database URL scheme {parsed.drivername!r}")
+    raise ConfigError(f"unsupported database URL scheme {parsed.drivername!r}")
 
 
 def _sqlite_engine(url: str, *, pool_size: int, begin: str) -> Engine:

@@ -1,0 +1,115 @@
+"""The sandbox-backend interface: what the runtime needs of one sandbox and of a way to make them.
+
+Backends: `bwrap` (isolated), `none` (the unisolated development mode), `fake` (in-process,
+for tests that need no root); `chooser.backend_for` picks one by `SANDBANK_ISOLATION`. A
+backend declares the properties it claims (`claims`), and the runtime's contract suite in
+tests/sandbox runs every test of a property against every backend that claims it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import ClassVar, Protocol
+
+from ..config import MiB, Settings
+from .base import ExecResult, ToolCall
+from .managed import Limits
+
+# Properties a backend can claim (each one a part of the contract suite):
+RUNTIME = "runtime"  # sessions: capacity, tenants, lifetimes, call ordering
+INTERPRETERS = "interpreters"  # a real persistent Python and bash, the editor, timeouts, crashes
+ISOLATION = "isolation"  # namespaces, seccomp, its own uid, nothing of the host visible
+LIMITS = "limits"  # memory, processes, CPU, disk, open files enforced
+HOST_RESOURCES = "host-resources"  # cgroups, loop disks and uids, all given back
+
+
+class Sandbox(Protocol):
+    """One sandbox, as the runtime uses it."""
+
+    id: str
+    uid: int  # who owns the workspace's files (0: the server's own user)
+    # The workspace root's (uid, gid, mode), given back before every start (None: leave it).
+    root_policy: tuple[int, int, int] | None
+
+    @property
+    def workspace(self) -> Path:
+        """The workspace as the server reaches it, for its own file operations."""
+        ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def execute(self, call: ToolCall, deadline: float) -> ExecResult:
+        """Run one call by `deadline` (monotonic); a program's failure is a result."""
+        ...
+
+    async def close(self) -> None:
+        """Kill everything and give back every host resource; a running call gets a result."""
+        ...
+
+
+class Backend(ABC):
+    """A way to make sandboxes, and the host resources this server's sandboxes hold."""
+
+    name: ClassVar[str]
+    claims: ClassVar[frozenset[str]]
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.base_dir = (settings.data_dir / "sandboxes").resolve()
+        self.instance = instance_id(settings.data_dir)
+        self.limits = limits_from(settings)
+        self.runtime_dir = settings.runtime_dir.resolve()
+
+    def check(self) -> None:  # noqa: B027 - most backends need nothing of the machine
+        """Raise `IsolationUnavailable` with what to do when this backend cannot run here."""
+
+    async def prepare(self) -> None:
+        """Create the directories, and remove what a crashed run of this data dir left."""
+        self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        for child in self.base_dir.iterdir():
+            shutil.rmtree(child, ignore_errors=True)
+
+    @abstractmethod
+    def new(self, preimport: bool) -> Sandbox:
+        """A sandbox, not started yet."""
+
+    def sweep(self) -> None:  # noqa: B027 - nothing outlives a fake's sandbox
+        """Periodically: reap orphans, retry removing what a closed sandbox could not give back."""
+
+    async def close(self) -> None:  # noqa: B027
+        """At shutdown, after every sandbox is closed."""
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """Host resources this server still holds (for leak tests and the soak benchmark)."""
+        dirs = sorted(p.name for p in self.base_dir.iterdir()) if self.base_dir.exists() else []
+        return {"dirs": dirs}
+
+
+def limits_from(settings: Settings) -> Limits:
+    return Limits(
+        memory_bytes=settings.memory_limit_mb * MiB,
+        pids=settings.pids_limit,
+        cpus=settings.cpu_limit,
+        disk_bytes=settings.disk_limit_mb * MiB,
+        tmp_bytes=settings.tmp_limit_mb * MiB,
+        open_files=settings.open_files_limit,
+        output_bytes=settings.output_limit_bytes,
+        grace=settings.interrupt_grace_seconds,
+    )
+
+
+def instance_id(data_dir: Path) -> str:
+    """Stable per data directory, so a restart finds what a crashed run of it left behind."""
+    return "i" + hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
+
+
+def new_sandbox_id() -> str:
+    return "s" + os.urandom(8).hex()
