@@ -24,12 +24,14 @@ $(VENV)/.dev-installed: $(VENV)/.installed pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $@
 
-# The sandbox runtime: its own venv from Debian's Python, readable by the sandbox users.
-$(RUNTIME)/.installed: runtime/requirements.txt
+# The sandbox runtime: its own venv from Debian's Python, readable by the sandbox users, sealed
+# (no host path inside; pip refuses installs at run time) and packed as an image (.runtime.img).
+$(RUNTIME)/.installed: runtime/requirements.txt scripts/seal-runtime
 	$(PY) -m venv $(RUNTIME)
-	$(RUNTIME)/bin/pip install -q --upgrade pip
-	$(RUNTIME)/bin/pip install -q -r runtime/requirements.txt $(SANDBANK_EXTRA_PACKAGES)
-	chmod -R a+rX $(RUNTIME)
+	rm -f $(RUNTIME)/pip.conf
+	$(RUNTIME)/bin/python3 -m pip install -q --upgrade pip
+	$(RUNTIME)/bin/python3 -m pip install -q -r runtime/requirements.txt $(SANDBANK_EXTRA_PACKAGES)
+	$(PY) scripts/seal-runtime $(RUNTIME)
 	touch $@
 
 install: system-deps $(VENV)/.installed $(RUNTIME)/.installed
@@ -53,4 +55,4 @@ bench: install
 	$(VENV)/bin/python bench/runtime.py
 
 clean:
-	rm -rf $(VENV) $(RUNTIME)
+	rm -rf $(VENV) $(RUNTIME) $(RUNTIME).img

@@ -62,15 +62,20 @@ def replace_between(text: str, marker: str, body: str) -> str:
     return head + start + body + end + tail
 
 
-def main() -> None:
+def main() -> int:
+    """`--write` updates README.md; `--check` exits 1 if it is stale; otherwise prints."""
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    current = readme.read_text()
+    text = replace_between(current, "settings-table", settings_table())
+    text = replace_between(text, "additions-table", additions_table())
     if "--write" in sys.argv:
-        readme = Path(__file__).resolve().parents[1] / "README.md"
-        text = replace_between(readme.read_text(), "settings-table", settings_table())
-        text = replace_between(text, "additions-table", additions_table())
         readme.write_text(text)
+    elif "--check" in sys.argv:
+        return 0 if text == current else 1
     else:
         print(settings_table())
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -180,3 +180,46 @@ async def test_clean_environment_no_server_secrets_reach_the_sandbox(
     finally:
         os.close(leaked_fd)
         await runtime.destroy(sh.session.id, "tests")
+
+
+async def test_the_sandbox_reads_no_host_path_and_no_server_state(
+    sb: Shell, runtime: Runtime
+) -> None:
+    r = await sb.sh(
+        "cat /proc/self/mountinfo /proc/1/cmdline /proc/1/environ "
+        "/opt/sandbank/runtime/pyvenv.cfg /opt/sandbank/runtime/bin/activate | tr '\\0' '\\n'"
+    )
+    assert r.return_code == 0, r.stderr
+    data_dir = str(runtime.settings.data_dir.resolve())
+    for leak in (data_dir, str(REPO), str(runtime.backend.runtime_dir), sb.session.sandbox.id):
+        assert leak not in r.stdout, leak
+    assert "PWD=" not in r.stdout and "/sandboxes/" not in r.stdout
+
+
+async def test_every_console_script_of_the_runtime_runs_inside(sb: Shell) -> None:
+    r = await sb.sh(
+        "cd /opt/sandbank/runtime/bin; for f in *; do "
+        "case $(head -c 2 $f) in '#!') ;; *) continue;; esac; "
+        "case $f in activate*|Activate*) continue;; esac; "
+        "timeout 20 ./$f --help >/dev/null 2>/tmp/err; rc=$?; "
+        'echo "$f $rc $(head -c 200 /tmp/err | tr "\\n" " ")"; done'
+    )
+    scripts = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert {"pip", "f2py", "fonttools"} <= set(scripts), r.stdout
+    for name, outcome in scripts.items():
+        rc = int(outcome.split()[0])
+        assert rc not in (126, 127) and "bad interpreter" not in outcome, (name, outcome)
+    r = await sb.py(
+        "import subprocess\n"
+        "print(subprocess.run(['pip', 'list'], capture_output=True, text=True).stdout)"
+    )
+    assert "pandas" in r.stdout and "numpy" in r.stdout
+
+
+async def test_pip_install_fails_at_once_saying_who_installs_packages(sb: Shell) -> None:
+    for command in ("pip install requests", "python3 -m pip install requests"):
+        r = await sb.sh(command, timeout=20)
+        assert r.return_code != 0, command
+        assert r.duration_ms < 15000
+    r = await sb.sh("pip install requests")
+    assert "installed by the server's operator" in r.stderr

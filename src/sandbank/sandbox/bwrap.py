@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import shutil
@@ -29,6 +30,7 @@ from .backend import (
     new_sandbox_id,
 )
 from .channel import WorkerProcess
+from .image import mounted_runtime
 from .managed import Limits, ManagedSandbox
 from .seccomp import build_filter, filter_fd
 from .uids import UidAllocator
@@ -40,6 +42,7 @@ INSIDE_DIR = Path(__file__).parent / "inside"
 RUNTIME_MOUNT = "/opt/sandbank/runtime"
 LIB_MOUNT = "/opt/sandbank/lib"  # on the worker's path: the package below and the mpl backend
 INSIDE_MOUNT = f"{LIB_MOUNT}/sandbank_inside"
+WORKER = (f"{RUNTIME_MOUNT}/bin/python3", "-s", "-m", "sandbank_inside.worker")
 HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # Read-only pieces of the host's /etc a data stack needs; nothing with secrets.
 ETC_BINDS = (
@@ -54,8 +57,26 @@ n=$1; shift
 while [ "$n" -gt 0 ]; do echo $$ > "$1"; shift; n=$((n-1)); done
 ulimit -n "$1"; shift
 ulimit -c 0
-exec "$@"
+exec env -i "$@"
 """
+
+
+@functools.cache
+def inside_code() -> dict[str, bytes]:
+    """The in-sandbox package's source files, by path relative to it (read once)."""
+    return {
+        str(path.relative_to(INSIDE_DIR)): path.read_bytes()
+        for path in sorted(INSIDE_DIR.rglob("*.py"))
+        if "__pycache__" not in path.parts
+    }
+
+
+def data_fd(data: bytes) -> int:
+    """A fresh descriptor reading `data` from its start (a memfd)."""
+    fd = os.memfd_create("sandbank", 0)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def check_available() -> None:
@@ -114,19 +135,35 @@ class BwrapSandbox(ManagedSandbox):
         lim = self.limits
         self.cgroup.create(lim.memory_bytes, lim.pids, lim.cpus)
         disk.create(self.image, self.workspace, lim.disk_bytes, self.uid)
-        etc = self.dir / "etc"
-        etc.mkdir(mode=0o755)
-        uid = self.uid
-        (etc / "passwd").write_text(
-            f"sandbox:x:{uid}:{uid}:sandbox:/workspace:/bin/bash\n"
-            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-        )
-        (etc / "group").write_text(f"sandbox:x:{uid}:\nnogroup:x:65534:\n")
-        (etc / "hostname").write_text("sandbox\n")
-        (etc / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
 
-    def _argv(self, seccomp_fd: int, interrupt_fd: int) -> list[str]:
+    def _files(self) -> dict[str, bytes]:
+        """Files written into the sandbox's own root from data: no host path is mounted."""
+        uid = self.uid
+        files = {
+            "/etc/passwd": f"sandbox:x:{uid}:{uid}:sandbox:/workspace:/bin/bash\n"
+            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n".encode(),
+            "/etc/group": f"sandbox:x:{uid}:\nnogroup:x:65534:\n".encode(),
+            "/etc/hostname": b"sandbox\n",
+            "/etc/hosts": b"127.0.0.1 localhost sandbox\n::1 localhost\n",
+        }
+        files.update({f"{INSIDE_MOUNT}/{rel}": data for rel, data in inside_code().items()})
+        return files
+
+    def _launcher(self, args_fd: int) -> list[str]:
+        """Joins the cgroups and sets rlimits as root, then drops to the uid and starts bwrap."""
         uid = str(self.uid)
+        argv = ["sh", "-c", LAUNCHER, "launcher"]
+        procs = self.cgroup.procs_files()
+        argv += [str(len(procs)), *procs, str(self.limits.open_files)]
+        argv += [
+            "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+            "bwrap", "--args", str(args_fd), "--", *WORKER,
+        ]  # fmt: skip
+        return argv
+
+    def _argv(self, seccomp_fd: int, interrupt_fd: int, files: dict[str, int]) -> list[str]:
+        """bwrap's arguments, passed through a descriptor: /proc/1/cmdline inside shows none."""
         lim = self.limits
         env = {
             "PATH": f"{RUNTIME_MOUNT}/bin:/usr/local/bin:/usr/bin:/bin",
@@ -145,13 +182,8 @@ class BwrapSandbox(ManagedSandbox):
             "OPENBLAS_NUM_THREADS": str(max(1, int(lim.cpus))),
             "OMP_NUM_THREADS": str(max(1, int(lim.cpus))),
         }
-        argv = ["sh", "-c", LAUNCHER, "launcher"]
-        procs = self.cgroup.procs_files()
-        argv += [str(len(procs)), *procs, str(lim.open_files)]
-        argv += [
-            "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
-            "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
+        argv = [
+            "--unshare-all", "--unshare-user", "--disable-userns",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--hostname", "sandbox", "--clearenv",
         ]  # fmt: skip
@@ -164,33 +196,44 @@ class BwrapSandbox(ManagedSandbox):
         for item in ETC_BINDS:
             if Path("/etc", item).exists():
                 argv += ["--ro-bind", f"/etc/{item}", f"/etc/{item}"]
-        for item in ("passwd", "group", "hostname", "hosts"):
-            argv += ["--ro-bind", str(self.dir / "etc" / item), f"/etc/{item}"]
+        for dest in sorted({str(Path(d).parent) for d in files}):
+            argv += ["--dir", dest]
+        for dest, fd in files.items():
+            argv += ["--perms", "0444", "--file", str(fd), dest]
         argv += [
             "--proc", "/proc", "--dev", "/dev",
             "--size", str(lim.tmp_bytes), "--tmpfs", "/tmp",
             "--bind", str(self.workspace), "/workspace",
             "--ro-bind", str(self.runtime_dir), RUNTIME_MOUNT,
-            "--ro-bind", str(INSIDE_DIR), INSIDE_MOUNT,
             "--remount-ro", "/",
             "--chdir", "/workspace",
             "--seccomp", str(seccomp_fd),
-            "--", f"{RUNTIME_MOUNT}/bin/python3", "-s", "-m", "sandbank_inside.worker",
         ]  # fmt: skip
         return argv
 
     async def _launch(self) -> WorkerProcess:
-        fd = filter_fd(self.seccomp_program)
-        pipe = WorkerProcess.interrupt_pipe()
+        fds: list[int] = []
         try:
+            seccomp = filter_fd(self.seccomp_program)
+            fds.append(seccomp)
+            files = {}
+            for dest, data in self._files().items():
+                files[dest] = data_fd(data)
+                fds.append(files[dest])
+            pipe = WorkerProcess.interrupt_pipe()
+            args = data_fd(
+                b"".join(a.encode() + b"\0" for a in self._argv(seccomp, pipe[0], files))
+            )
+            fds.append(args)
             return await WorkerProcess.spawn(
-                self._argv(fd, pipe[0]),
+                self._launcher(args),
                 env={"PATH": HOST_PATH},
-                pass_fds=[fd],
+                pass_fds=fds,
                 interrupt_pipe=pipe,
             )
         finally:
-            os.close(fd)
+            for fd in fds:
+                os.close(fd)
 
     async def _kill_everything(self, worker: WorkerProcess | None) -> None:
         if worker is not None:
@@ -243,6 +286,7 @@ class BwrapBackend(Backend):
         super().__init__(settings)
         self.uids: UidAllocator | None = None
         self.seccomp = b""
+        self.runtime_source = self.runtime_dir
         self._open: set[str] = set()  # sandboxes made and not yet given back
 
     def check(self) -> None:
@@ -263,6 +307,7 @@ class BwrapBackend(Backend):
                         f"reach {target}: move it or `chmod o+x {parent}`"
                     )
         self.seccomp = build_filter()
+        self.runtime_source = mounted_runtime(self.runtime_dir)
         s = self.settings
         self.uids = UidAllocator(s.uid_lock_dir, s.uid_base, s.uid_count)
 
@@ -303,7 +348,7 @@ class BwrapBackend(Backend):
             new_sandbox_id(),
             instance=self.instance,
             base_dir=self.base_dir,
-            runtime_dir=self.runtime_dir,
+            runtime_dir=self.runtime_source,
             uids=self.uids,
             limits=self.limits,
             preimport=preimport,

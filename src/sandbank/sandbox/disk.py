@@ -73,3 +73,8 @@ def unmount(point: str, lazy: bool = False) -> None:
         if not lazy:
             raise
         _run(["umount", "--lazy", point])
+
+
+def mount_image(image: Path, point: Path) -> None:
+    """Loop-mount an ext4 image read-only (nosuid, nodev) at `point`."""
+    _run(["mount", "-o", "loop,ro,nosuid,nodev", str(image), str(point)])
