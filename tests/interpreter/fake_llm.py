@@ -81,7 +81,8 @@ ANSWERS = {
     # The tags the interpreter spec's own web client renders (SANDBANK_AGENT_ANSWER_FORMAT=tags).
     "plotly": (
         "The values by name:\n\n<png>figure_1.png</png>\n\nInteractive:\n\n"
-        "<plotly>plotly_1.json</plotly>\n\n<md>summary.md</md>\n\nResult: {result}"
+        "<plotly>plotly_1.json</plotly>\n\n<md>summary.md</md>\n\n"
+        "A tag in code stays text: `<png>figure_1.png</png>`\n\nResult: {result}"
     ),
 }
 # An answer steered by a hostile file: markup that must stay inert in a client.
