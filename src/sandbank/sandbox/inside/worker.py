@@ -521,7 +521,7 @@ def main() -> None:
     os.chdir(WORKSPACE)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     sys.argv = [""]
-    import sandbank_plotly  # sandbank_plotly: plotly's `fig.show()` saves JSON (a lazy hook)
+    import sandbank_plotly  # plotly's `fig.show()` saves JSON files (a lazy import hook)
 
     sandbank_plotly.install()
     if os.environ.get("SANDBANK_PREIMPORT") == "1":
