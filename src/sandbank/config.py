@@ -243,6 +243,13 @@ class Settings(BaseSettings):
         description="Characters of earlier turns sent back to the model; older tool outputs "
         "are shortened first, then the oldest turns dropped.",
     )
+    agent_answer_format: Literal["markdown", "tags"] = Field(
+        "markdown",
+        description="How answers name the files they show: `markdown` (images as "
+        "`![chart](figure_1.png)`, for this server's web page) or `tags` "
+        "(`<png>figure_1.png</png>`, `<md>notes.md</md>`, `<plotly>plotly_1.json</plotly>`, as "
+        "the interpreter spec's own web client reads them; this server's page shows those too).",
+    )
 
     # --- interpreter API (/api) ---------------------------------------------------------------
     interpreter_api: Literal["on", "off"] = Field(

@@ -70,6 +70,7 @@ async def test_a_tool_call_then_an_answer_records_every_step(
     assert sink.messages[1].content == "Let me compute."
     tool = ToolRecord.model_validate_json(sink.of("tool")[0].content)
     assert (tool.tool, tool.step, tool.input) == ("code_execution", 1, {"code": "print(6 * 7)"})
+    assert tool.python_code == "print(6 * 7)"  # the field the spec's own web client reads
     assert tool.output is not None and tool.output.stdout == "42\n"
     traces = [m.json() for m in sink.of("trace")]
     assert [t["step"] for t in traces] == [1, 2]
@@ -135,6 +136,8 @@ async def test_bash_and_editor_calls_are_mapped_to_the_runtime(
     assert [type(c).__name__ for c in workbench.calls] == ["EditorCall", "BashCall"]
     assert tool_results(model.calls[2][0])[-1].content == "stdout:\nhello"
     assert "editing files" in sink.statuses and "running a command" in sink.statuses
+    tools = [ToolRecord.model_validate_json(m.content) for m in sink.of("tool")]
+    assert [t.python_code for t in tools] == [None, None]  # only Python calls carry it
 
 
 @pytest.mark.parametrize(

@@ -84,3 +84,12 @@ async def test_a_failing_preview_still_lists_names_and_sizes(workbench: FakeWork
     workbench.namespace["__builtins__"] = {}  # the snippet cannot even import
     text = await prompt(workbench)
     assert "- `data.csv` (4 bytes)" in text and "| a |" not in text
+
+
+async def test_the_tags_format_asks_for_the_spec_clients_tags(workbench: FakeWorkbench) -> None:
+    text = await build_system_prompt(
+        workbench, sandbox_recreated=False, inspect_root=str(workbench.root), answer_format="tags"
+    )
+    for tag in ("<png>figure_1.png</png>", "<plotly>plotly_1.json</plotly>", "<md>report.md</md>"):
+        assert tag in text
+    assert "![chart]" not in text and "plotly" in text

@@ -48,6 +48,20 @@ PAGE_CODE = """\
 open("page.html", "w").write("<h1>made by the agent</h1><script>parent.__sbPwned = 'page'</script>")
 print("wrote page.html")
 """
+# A matplotlib chart left open (saved as figure_1.png), a Plotly figure shown (plotly_1.json) and
+# a Markdown file.
+PLOTLY_CODE = """\
+import pandas as pd
+import matplotlib.pyplot as plt
+import plotly.express as px
+df = pd.read_csv("data.csv")
+print("TOTAL", df["value"].sum())
+plt.bar(df["name"], df["value"])
+fig = px.bar(df, x="name", y="value")
+fig.update_layout(title="Sum 42")
+fig.show()
+open("summary.md", "w").write("# Summary\\n\\nThe **total** is 42.\\n")
+"""
 # Keyword in the question → the code the model runs.
 CODE = {
     "chart": CHART_CODE,
@@ -55,6 +69,7 @@ CODE = {
     "sleep": "import time\nprint('sleeping', flush=True)\ntime.sleep(300)",
     "report": REPORT_CODE,
     "page": PAGE_CODE,
+    "plotly": PLOTLY_CODE,
 }
 # Keyword in the question → the final answer (`{result}`: the tool's output as the model saw it).
 ANSWERS = {
@@ -63,6 +78,12 @@ ANSWERS = {
         "| c | 39 |\n\n![Bar chart of value by name](chart.png)\n\nResult: {result}"
     ),
     "page": "I wrote [the page](page.html).",
+    # The tags the interpreter spec's own web client renders (SANDBANK_AGENT_ANSWER_FORMAT=tags).
+    "plotly": (
+        "The values by name:\n\n<png>figure_1.png</png>\n\nInteractive:\n\n"
+        "<plotly>plotly_1.json</plotly>\n\n<md>summary.md</md>\n\n"
+        "A tag in code stays text: `<png>figure_1.png</png>`\n\nResult: {result}"
+    ),
 }
 # An answer steered by a hostile file: markup that must stay inert in a client.
 HOSTILE_ANSWER = (

@@ -141,7 +141,7 @@ async def test_the_runtime_image_has_the_data_stack() -> None:
             r = await rt.execute(
                 s.id, "t",
                 PythonCall(
-                    "import numpy, pandas, scipy, sklearn, statsmodels, matplotlib, seaborn, PIL, openpyxl, pyarrow, sympy\n"
+                    "import numpy, pandas, scipy, sklearn, statsmodels, matplotlib, seaborn, PIL, openpyxl, pyarrow, sympy, plotly\n"
                     "print(sympy.integrate(sympy.Symbol('x'), sympy.Symbol('x')))"
                 ),
                 60,

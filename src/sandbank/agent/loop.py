@@ -19,11 +19,12 @@ from sandbank.agent.model import (
     ToolResultMessage,
     UserMessage,
 )
-from sandbank.agent.prompt import WORKSPACE, build_system_prompt
+from sandbank.agent.prompt import WORKSPACE, AnswerFormat, build_system_prompt
 from sandbank.agent.records import ToolOutput, ToolRecord, TraceRecord
 from sandbank.agent.tools import (
     BASH_TOOL,
     EDITOR_TOOL,
+    PYTHON_TOOL,
     TOOL_SPECS,
     ToolArgumentError,
     result_text,
@@ -53,6 +54,8 @@ class RunLimits:
     run_timeout_s: float = 900.0
     tool_output_chars: int = 20_000
     history_chars: int = 100_000
+    # Not a limit, but one more per-server setting every run follows.
+    answer_format: AnswerFormat = "markdown"
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RunLimits:
@@ -63,6 +66,7 @@ class RunLimits:
             run_timeout_s=settings.agent_run_timeout_seconds,
             tool_output_chars=settings.agent_tool_output_chars,
             history_chars=settings.agent_history_chars,
+            answer_format=settings.agent_answer_format,
         )
 
 
@@ -136,8 +140,13 @@ class _Run:
         )
 
     async def tool(self, request: ToolCallRequest, step: int) -> ToolResultMessage:
+        code = request.arguments.get("code")
         record = ToolRecord(
-            tool=request.name, call_id=request.id, step=step, input=request.arguments
+            tool=request.name,
+            call_id=request.id,
+            step=step,
+            input=request.arguments,
+            python_code=code if request.name == PYTHON_TOOL and isinstance(code, str) else None,
         )
         try:
             call = to_sandbox_call(request)
@@ -211,6 +220,7 @@ async def run_turn(
                     sandbox_recreated=sandbox_recreated,
                     timeout_s=min(INSPECT_TIMEOUT_S, limits.tool_timeout_s),
                     inspect_root=inspect_root,
+                    answer_format=limits.answer_format,
                 )
                 earlier = replay(
                     history,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from sandbank.agent.inspect_snippet import MARKER, inspect_code
 from sandbank.agent.interfaces import FileInfo, Workbench
@@ -12,7 +12,7 @@ from sandbank.sandbox.base import PythonCall
 WORKSPACE = "/workspace"
 LIBRARIES = (
     "numpy, pandas, scipy, scikit-learn, statsmodels, matplotlib, seaborn, pillow, "
-    "openpyxl, pyarrow, sympy"
+    "openpyxl, pyarrow, sympy, plotly"
 )
 MAX_LISTED_FILES = 100
 
@@ -25,9 +25,7 @@ Environment:
 - `code_execution` runs Python in a persistent interpreter: variables and imports survive \
 between calls. `bash` runs shell commands. `str_replace_based_edit_tool` views and edits files.
 - Installed: {libraries}. There is no internet access and nothing else can be installed.
-- Charts: draw them with matplotlib. Open figures are saved automatically as PNG files in \
-{workspace} and shown to the user; the tool result names them. Refer to a chart in your answer \
-as a Markdown image whose target is the file name, e.g. `![chart](figure_1.png)`.
+{charts}
 
 How to work: look at the data before relying on it; compute rather than guess; when code \
 fails, read the error and fix it. Print summaries and heads, not whole tables.
@@ -36,6 +34,23 @@ Answer concisely in Markdown, with tables where they help. Every figure you stat
 from code you ran.
 {recreated}
 {files}"""
+
+AnswerFormat = Literal["markdown", "tags"]
+# How the answer names the files it shows (SANDBANK_AGENT_ANSWER_FORMAT).
+_CHARTS: dict[AnswerFormat, str] = {
+    "markdown": """\
+- Charts: draw them with matplotlib. Open figures are saved automatically as PNG files in \
+{workspace} and shown to the user; the tool result names them. Refer to a chart in your answer \
+as a Markdown image whose target is the file name, e.g. `![chart](figure_1.png)`.""",
+    # The tags the interpreter spec's own web client renders (it shows no Markdown images).
+    "tags": """\
+- Charts: draw them with matplotlib (open figures are saved automatically as PNG files in \
+{workspace}, e.g. `figure_1.png`) or with plotly (`fig.show()` saves the figure as JSON, e.g. \
+`plotly_1.json`); the tool result names the files. Show a file in your answer with a tag \
+around its name, on a line of its own: `<png>figure_1.png</png>` for a PNG image, \
+`<plotly>plotly_1.json</plotly>` for a Plotly figure saved as JSON, `<md>report.md</md>` for a \
+Markdown file to show in full. Do not use Markdown image syntax.""",
+}
 
 _RECREATED = (
     "\nNote: the sandbox was restarted since the previous turn: earlier variables are gone; "
@@ -134,10 +149,15 @@ async def build_system_prompt(
     sandbox_recreated: bool,
     timeout_s: float = 30.0,
     inspect_root: str = WORKSPACE,
+    answer_format: AnswerFormat = "markdown",
 ) -> str:
     """The system prompt for one run; `inspect_root` is where the snippet looks (tests move it)."""
     files = await describe_files(workbench, timeout_s=timeout_s, inspect_root=inspect_root)
     recreated = _RECREATED.format(workspace=WORKSPACE) if sandbox_recreated else ""
     return _TEMPLATE.format(
-        workspace=WORKSPACE, libraries=LIBRARIES, recreated=recreated, files=files
+        workspace=WORKSPACE,
+        libraries=LIBRARIES,
+        charts=_CHARTS[answer_format].format(workspace=WORKSPACE),
+        recreated=recreated,
+        files=files,
     )

@@ -30,6 +30,11 @@ class ToolRecord(BaseModel):
     call_id: str = Field(description="The model's id for the call.")
     step: int = Field(description="Which model call (1-based) asked for it.")
     input: dict[str, Any] = Field(description="Arguments as the model sent them.")
+    python_code: str | None = Field(
+        default=None,
+        description="For a Python call, its code again (as `input.code`): the field the "
+        "interpreter spec's own web client shows.",
+    )
     output: ToolOutput | None = Field(default=None, description="Absent when the call did not run.")
     error: str | None = Field(
         default=None,

@@ -18,6 +18,7 @@ from sandbank.multipart import FormStream, is_multipart
 from sandbank.store import User
 
 MAX_MESSAGE_BODY_SLACK = 4096  # JSON syntax and a `role` beside the content
+INCLUDE_MESSAGES = "include_messages_from"  # GetSession's addition, read by the spec's web client
 
 
 class InterpreterApi:
@@ -75,7 +76,11 @@ class InterpreterApi:
 
     async def get_session(self, request: Request) -> Response:
         service, user, sid = await self._in_session(request)
-        return JSONResponse(schemas.session_out(await service.get_session(user, sid)))
+        after = schemas.after(request.query_params.get(INCLUDE_MESSAGES), INCLUDE_MESSAGES)
+        if after is None:
+            return JSONResponse(schemas.session_out(await service.get_session(user, sid)))
+        session, messages = await service.session_with_messages(user, sid, after)
+        return JSONResponse(schemas.session_with_messages_out(session, messages))
 
     async def delete_session(self, request: Request) -> Response:
         service, user, sid = await self._in_session(request)

@@ -19,15 +19,16 @@ def session_id(raw: str) -> str:
         raise BadRequest(f"session_id must be a UUID, got {raw[:100]!r}") from None
 
 
-def after(raw: str | None) -> float | None:
+def after(raw: str | None, name: str = "from") -> float | None:
+    """A timestamp bound from the query parameter `name` (`from`, `include_messages_from`)."""
     if raw is None:
         return None
     try:
         value = float(raw)
     except ValueError:
-        raise BadRequest(f"`from` must be a number (POSIX seconds), got {raw[:100]!r}") from None
+        raise BadRequest(f"`{name}` must be a number (POSIX seconds), got {raw[:100]!r}") from None
     if not math.isfinite(value):
-        raise BadRequest("`from` must be a finite number")
+        raise BadRequest(f"`{name}` must be a finite number")
     return value
 
 
@@ -95,6 +96,13 @@ def message_out(message: Message) -> dict[str, Any]:
         "content": message.content,
         "internal": message.internal,
     }
+
+
+def session_with_messages_out(session: Session, messages: list[Message]) -> dict[str, Any]:
+    """GetSession with `include_messages_from`: each message has only the fields the spec's
+    own web client builds its messages from (it refuses any other)."""
+    brief = [{"timestamp": m.timestamp, "role": m.role, "content": m.content} for m in messages]
+    return {**session_out(session), "messages": brief}
 
 
 def file_out(record: FileRecord) -> dict[str, Any]:

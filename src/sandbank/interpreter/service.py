@@ -45,6 +45,15 @@ class Interpreter:
     async def get_session(self, user: User, session_id: str) -> Session:
         return await self._owned(user, session_id)
 
+    async def session_with_messages(
+        self, user: User, session_id: str, after: float
+    ) -> tuple[Session, list[Message]]:
+        """The session, then its non-internal messages after `after` (read in that order, so a
+        session seen DONE comes with every message of its run)."""
+        session = await self._owned(user, session_id)
+        messages = await self.store.list_messages(session_id, after)
+        return session, [m for m in messages if not m.internal]
+
     async def delete_session(self, user: User, session_id: str) -> None:
         await self._owned(user, session_id)
         await self.remove(session_id)

@@ -210,6 +210,9 @@ def main() -> None:
     channel = Channel()
     os.chdir(WORKSPACE)
     sys.argv = [""]
+    import sandbank_plotly  # plotly's `fig.show()` saves JSON files (a lazy import hook)
+
+    sandbank_plotly.install()
     if os.environ.get("SANDBANK_PREIMPORT") == "1":
         try:
             preimport()

@@ -108,12 +108,47 @@ export function codeBlock(text, language) {
   return pre;
 }
 
+// The tags the interpreter spec's own web client reads (SANDBANK_AGENT_ANSWER_FORMAT=tags):
+// <png>name</png> becomes an image of the session's file; <md> and <plotly> become links that
+// download the file (no Plotly JS is vendored, so a figure is offered as its JSON).
+const TAG = /<(png|md|plotly)>([^<>\n]*?)<\/\1>/g;
+const TAG_LABEL = { md: "Markdown file", plotly: "Plotly figure, JSON" };
+const FENCE = /^ {0,3}(```|~~~)/;
+const CODE_SPAN = /(`+[^`]*`+)/;
+const markdownText = (text) => text.replace(/[\\`*_[\]()<>!]/g, "\\$&");
+
+function tagAsMarkdown(whole, tag, raw) {
+  const name = sessionFile(raw.trim());
+  if (name === null) return whole; // shown as the text it is
+  const label = markdownText(name);
+  if (tag === "png") return `![${label}](<${name}>)`;
+  return `[${label} (${TAG_LABEL[tag]})](<${name}>)`;
+}
+
+/** `text` with the spec client's file tags turned into Markdown, outside code. */
+export function fromTags(text) {
+  let fenced = false;
+  const lines = text.split("\n").map((line) => {
+    if (FENCE.test(line)) {
+      fenced = !fenced;
+      return line;
+    }
+    if (fenced) return line;
+    return line
+      .split(CODE_SPAN)
+      .map((part, i) => (i % 2 ? part : part.replace(TAG, tagAsMarkdown)))
+      .join("");
+  });
+  return lines.join("\n");
+}
+
 /**
- * A sanitized fragment for Markdown `text`. `loadImage(name)` resolves a session file's name to
- * a blob: URL; images naming anything else are replaced by a note and never requested.
+ * A sanitized fragment for Markdown `text` (file tags too, see `fromTags`). `loadImage(name)`
+ * resolves a session file's name to a blob: URL; images naming anything else are replaced by a
+ * note and never requested.
  */
 export function renderMarkdown(text, loadImage) {
-  const html = markdown.parse(text);
+  const html = markdown.parse(fromTags(text));
   const fragment = purifier.sanitize(html, SANITIZE);
   for (const code of fragment.querySelectorAll("pre > code")) {
     const language = /^language-([\w-]+)$/.exec(code.className)?.[1];
