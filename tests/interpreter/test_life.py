@@ -195,13 +195,13 @@ def test_sessions_are_listed_newest_first_with_a_ttl(alice: Client) -> None:
         (b'{"content": 3}', "application/json"),
         (b'{"role": "user"}', "application/json"),
         (b'{"content": "hi", "role": "assistant"}', "application/json"),
-        (b'{"content": "hi", "internal": false}', "application/json"),
-        (b'{"content": "hi", "timestamp": 1}', "application/json"),
         (b'["content"]', "application/json"),
         (b'{"content": "hi"', "application/json"),
         (b"", "application/json"),
         (b'{"content": "hi"}', "text/plain"),
         (json.dumps({"content": "x" * 20_001}).encode(), "application/json"),
+        (b'{"content": "\\ud800"}', "application/json"),
+        (b"[" * 50_000 + b"]" * 50_000, "application/json"),
     ],
 )
 def test_bad_messages_are_400_and_store_nothing(

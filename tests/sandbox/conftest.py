@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbank.sandbox.backend import Backend
+from sandbank.sandbox.backend import INTERPRETERS, Backend
 from sandbank.sandbox.base import BashCall, EditorCall, ExecResult, PythonCall
 from sandbank.sandbox.bwrap import BwrapBackend
 from sandbank.sandbox.fake import FakeBackend
@@ -36,6 +36,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     needed: set[str] = set()
     for marker in metafunc.definition.iter_markers("claims"):
         needed.update(marker.args)
+    needed = needed or {INTERPRETERS}  # unmarked tests need real interpreters
     names = [n for n in _CHOSEN if needed <= BACKENDS[n].claims]
     metafunc.parametrize("backend_name", names, scope="module")
 
