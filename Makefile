@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 DATA_DIR ?= ./sandbank-data
 
-.PHONY: install install-dev system-deps test-system-deps run test lint typecheck bench clean
+.PHONY: install install-dev system-deps test-system-deps run test test-fast lint typecheck bench clean
 
 system-deps:
 	@scripts/install-system-deps
@@ -49,7 +49,11 @@ typecheck: install-dev
 	$(VENV)/bin/mypy
 
 test: install-dev lint typecheck
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=25
+
+# The fast tier: no root, no sandbox, no server (tests/conftest.py says which tests are which).
+test-fast: install-dev
+	$(VENV)/bin/pytest -q -m "not root and not postgres and not s3 and not chromium"
 
 bench: install
 	$(VENV)/bin/python bench/runtime.py

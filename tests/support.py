@@ -21,6 +21,7 @@ from sandbank.config import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 RUNTIME_DIR = Path(os.environ.get("SANDBANK_TEST_RUNTIME_DIR", REPO / ".runtime"))
+SANDBANK = str(Path(sys.executable).with_name("sandbank"))
 UID_LOCK_DIR = Path(tempfile.gettempdir()) / "sandbank-test-uids"
 
 # Small limits: the suite runs on 2 cores next to other work.
@@ -70,32 +71,41 @@ def env_for(data: Path, **overrides: Any) -> dict[str, str]:
 
 
 class Server:
-    """A real `sandbank serve` subprocess on a free loopback port."""
+    """A real `sandbank serve` process on a free loopback port; `start` again after `stop`
+    runs a new one on the same data directory. `overrides` are settings (test-sized limits
+    by default); `extra_env` adds raw variables (a model's, say)."""
 
-    def __init__(self, data: Path, extra_env: dict[str, str] | None = None, **overrides: Any):
+    def __init__(
+        self,
+        data: Path,
+        extra_env: dict[str, str] | None = None,
+        ready: str = "/health",
+        **overrides: Any,
+    ) -> None:
         self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.url = self.base_url = f"http://127.0.0.1:{self.port}"
         self.data = data
+        self.ready = ready
         self.env = env_for(data, **overrides)
         self.env.update(extra_env or {})
         self.log = data / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> Server:
-        argv = [sys.executable, "-m", "sandbank.cli", "serve", "--port", str(self.port)]
+        argv = [SANDBANK, "serve", "--port", str(self.port), "--data-dir", str(self.data)]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited at start:\n{self.log.read_text()}")
+                raise RuntimeError(f"server exited at start:\n{self.log.read_text()[-3000:]}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.base_url}/health", timeout=1).status_code == 200:
+                if httpx.get(f"{self.base_url}{self.ready}", timeout=1).status_code == 200:
                     return self
             time.sleep(0.1)
-        raise RuntimeError(f"server did not start:\n{self.log.read_text()}")
+        raise RuntimeError(f"server did not start:\n{self.log.read_text()[-3000:]}")
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40.0) -> int:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -103,10 +113,23 @@ class Server:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            return self.proc.wait()
+            self.proc.wait()
+            raise
 
     def client(self, **kwargs: Any) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=30, **kwargs)
+
+    def cli(self, *args: str) -> str:
+        """Run `sandbank ARGS --data-dir DATA` with the server's settings; its output."""
+        done = subprocess.run(
+            [SANDBANK, *args, "--data-dir", str(self.data)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
 
 
 def processes_of_uids(uids: set[int]) -> list[int]:

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 
 class SandbankError(Exception):
+    """Any failure Sandbank reports; unexpected ones are this root (500)."""
+
     status = 500
     code = "internal"
     number = 1000
@@ -50,89 +52,121 @@ class SandbankError(Exception):
 
 
 class BadRequest(SandbankError):
+    """The request cannot be served as sent."""
+
     status = 400
     code = "bad_request"
     number = 1001
 
 
 class UnknownTool(BadRequest):
+    """An Execute names a tool kind this backend does not run."""
+
     code = "unknown_tool"
     number = 1002
 
 
 class Unprocessable(BadRequest):
+    """A known field is missing or of the wrong type (the code-execution API's 422)."""
+
     status = 422
     code = "unprocessable"
     number = 1003
 
 
 class UnsupportedMediaType(BadRequest):
+    """The body is not of the media type the operation takes."""
+
     status = 415
     code = "unsupported_media_type"
     number = 1004
 
 
 class Unauthorized(SandbankError):
+    """A credential is missing or rejected (the code-execution API)."""
+
     status = 401
     code = "unauthorized"
     number = 1010
 
 
 class Forbidden(SandbankError):
+    """The caller may not do this (the interpreter API's missing credential, too)."""
+
     status = 403
     code = "forbidden"
     number = 1011
 
 
 class PathEscape(Forbidden):
+    """A path leaves the workspace or goes through a symbolic link."""
+
     code = "path_escape"
     number = 1012
 
 
 class NotFound(SandbankError):
+    """No such thing."""
+
     status = 404
     code = "not_found"
     number = 1020
 
 
 class SessionNotFound(NotFound):
+    """No such session (or not the caller's)."""
+
     code = "session_not_found"
     number = 1021
 
 
 class IsADirectory(BadRequest):
+    """A file operation named a directory."""
+
     code = "is_a_directory"
     number = 1005
 
 
 class Conflict(SandbankError):
+    """The resource is not in a state that allows this."""
+
     status = 409
     code = "conflict"
     number = 1030
 
 
 class RunInProgress(Conflict):
+    """A question was posted while the session's run is going."""
+
     code = "run_in_progress"
     number = 1110
 
 
 class TooManyRuns(Conflict):
+    """The user already has the most runs allowed at once."""
+
     code = "too_many_runs"
     number = 1111
 
 
 class QuotaExceeded(Conflict):
+    """A per-user quota (sessions, stored bytes) is reached."""
+
     code = "quota_exceeded"
     number = 1112
 
 
 class PayloadTooLarge(SandbankError):
+    """A body or file is over its cap, or the workspace disk is full."""
+
     status = 413
     code = "payload_too_large"
     number = 1040
 
 
 class AtCapacity(SandbankError):
+    """No room now: retry after `retry_after` seconds."""
+
     status = 503
     code = "at_capacity"
     number = 1050
@@ -143,6 +177,8 @@ class AtCapacity(SandbankError):
 
 
 class SandboxError(SandbankError):
+    """The sandbox could not run the call at all (not the program's own failure)."""
+
     code = "sandbox_error"
     number = 1060
 
@@ -156,12 +192,16 @@ class ProtocolError(SandboxError):
 
 
 class Misdirected(SandbankError):
+    """The Host header is not one this server serves (a DNS-rebinding guard)."""
+
     status = 421
     code = "misdirected"
     number = 1070
 
 
 class MethodNotAllowed(SandbankError):
+    """The resource does not take this method."""
+
     status = 405
     code = "method_not_allowed"
     number = 1080
@@ -175,16 +215,22 @@ class ConfigError(SandbankError):
 
 
 class IsolationUnavailable(ConfigError):
+    """This machine lacks what the chosen isolation needs."""
+
     code = "isolation_unavailable"
     number = 1061
 
 
 class AgentError(SandbankError):
+    """The agent could not answer."""
+
     code = "agent_error"
     number = 1100
 
 
 class ModelNotConfigured(AgentError):
+    """No model is configured: questions are refused at once."""
+
     status = 503
     code = "model_not_configured"
     number = 1101
@@ -199,18 +245,24 @@ class ModelNotConfigured(AgentError):
 
 
 class ModelEndpointRefused(AgentError):
+    """The model's endpoint is refused (offline mode and not on loopback)."""
+
     status = 503
     code = "model_endpoint_refused"
     number = 1102
 
 
 class ModelUnavailable(AgentError):
+    """The model's provider failed, after retries."""
+
     status = 502
     code = "model_unavailable"
     number = 1103
 
 
 class RunLimitReached(AgentError):
+    """A run hit one of its limits (steps, tokens, time)."""
+
     code = "run_limit_reached"
     number = 1104
 
@@ -220,6 +272,8 @@ class RunLimitReached(AgentError):
 
 
 class RunCancelled(AgentError):
+    """The run was cancelled by its user."""
+
     code = "run_cancelled"
     number = 1105
 

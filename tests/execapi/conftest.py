@@ -13,7 +13,9 @@ import yaml
 
 from tests.support import REPO, Server, data_dir
 
-SPEC_PATH = REPO.parent / "shared" / "specs" / "code-execution-openapi.yaml"
+# The repository's own copy of contract v1 (tests/test_contracts.py keeps it equal to the
+# user's document when ../shared is beside the checkout).
+SPEC_PATH = REPO / "src" / "sandbank" / "execapi" / "contract-v1.yaml"
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import itertools
+import json
 import threading
 import time
 from typing import Any
@@ -520,33 +522,39 @@ def test_host_header_outside_the_allow_list_is_refused(server: Server) -> None:
     assert httpx.get(f"{server.base_url}/health", headers={"Host": "localhost"}).status_code == 200
 
 
-def test_concurrent_calls_on_one_session_run_in_arrival_order(
-    server: Server, session_id: str
-) -> None:
+def test_concurrent_calls_on_one_session_run_one_at_a_time(server: Server, session_id: str) -> None:
+    """Calls sent together never overlap, and each answer belongs to its own call."""
     with server.client() as c:
-        run(c, session_id, "code_execution", code="order = []")
-    results: list[int] = []
+        run(c, session_id, "code_execution", code="import time\nspans = []")
+    answered: list[tuple[int, str]] = []
+    lock = threading.Lock()
 
     def call(i: int) -> None:
         with server.client() as c:
-            run(
+            out = run(
                 c,
                 session_id,
                 "code_execution",
-                code=f"import time; time.sleep(0.2); order.append({i})",
+                code=f"t0 = time.time(); time.sleep(0.2); spans.append((t0, time.time())); print({i})",
             )
-            results.append(i)
+        with lock:
+            answered.append((i, out["stdout"]))
 
-    threads = []
-    for i in range(3):
-        t = threading.Thread(target=call, args=(i,))
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
+    for t in threads:
         t.start()
-        threads.append(t)
-        time.sleep(0.05)
     for t in threads:
         t.join()
+    assert sorted(answered) == [(i, f"{i}\n") for i in range(3)]
     with server.client() as c:
-        assert run(c, session_id, "code_execution", code="order")["stdout"] == "[0, 1, 2]\n"
+        spans = json.loads(
+            run(c, session_id, "code_execution", code="import json; print(json.dumps(spans))")[
+                "stdout"
+            ]
+        )
+    assert len(spans) == 3
+    for (_, end), (start, _) in itertools.pairwise(sorted(spans)):
+        assert end <= start  # one at a time
 
 
 def test_destroy_during_a_call_ends_it_with_a_result(server: Server) -> None:

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -18,20 +14,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.postgres import free_port
+from tests import support
 
-SANDBANK = str(Path(sys.executable).with_name("sandbank"))
-RUNTIME_DIR = os.environ.get("SANDBANK_TEST_RUNTIME_DIR", "/work/main/.runtime")
 # Small sandboxes on a shared 2-core machine; the model endpoint may only be on loopback.
-BASE_ENV = {
-    "SANDBANK_RUNTIME_DIR": RUNTIME_DIR,
-    "SANDBANK_UID_LOCK_DIR": "/tmp/sandbank-uids-api",
-    "SANDBANK_MEMORY_LIMIT_MB": "256",
-    "SANDBANK_DISK_LIMIT_MB": "16",
-    "SANDBANK_POOL_SIZE": "1",
-    "SANDBANK_POOL_PREIMPORT": "false",
-    "SANDBANK_LLM_OFFLINE": "1",
-    "SANDBANK_LOG_LEVEL": "warning",
+DEFAULTS: dict[str, Any] = {
+    "memory_limit_mb": 256,
+    "pool_size": 1,
+    "log_level": "warning",
 }
 
 
@@ -50,64 +39,18 @@ def openai_env(llm_url: str) -> dict[str, str]:
     }
 
 
-def _env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBANK_")}
-    return {**env, **BASE_ENV, **extra}
-
-
-class Server:
-    """One `sandbank serve` process; `restart` starts a new one on the same data directory."""
+class Server(support.Server):
+    """A server for the interpreter API: ready once /api is, with users made by its CLI."""
 
     def __init__(self, data: Path, env: dict[str, str], ready: str = "/api/openapi.json") -> None:
-        self.data = data
-        self.ready = ready
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = _env(env)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = data / "server.log"
+        super().__init__(data, env, ready, **DEFAULTS)
 
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [SANDBANK, "serve", "--port", str(self.port), "--data-dir", str(self.data)],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"sandbank serve exited: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + self.ready, timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        pytest.fail(f"sandbank serve did not start: {self.log.read_text()[-3000:]}")
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
+    def start(self, timeout: float = 60.0) -> Server:
         try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise
-
-    def cli(self, *args: str) -> str:
-        """Run `sandbank ARGS --data-dir DATA` with the server's settings; its output."""
-        done = subprocess.run(
-            [SANDBANK, *args, "--data-dir", str(self.data)],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+            super().start(timeout)
+        except RuntimeError as e:
+            pytest.fail(str(e))
+        return self
 
     def new_user(self) -> Client:
         name = f"u{uuid.uuid4().hex[:8]}"

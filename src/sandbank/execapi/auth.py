@@ -17,6 +17,8 @@ def load_tokens(settings: Settings) -> list[str]:
 
 
 class TokenAuth:
+    """The configured bearer tokens; each maps to a tenant id."""
+
     def __init__(self, tokens: list[str]) -> None:
         self._tokens = [t.encode() for t in tokens]
 

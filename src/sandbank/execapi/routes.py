@@ -24,6 +24,8 @@ MAX_JSON_BODY = 16 * 1024 * 1024
 
 
 class ExecApi:
+    """The code-execution API's routes over the runtime."""
+
     def __init__(self, runtime: Runtime, auth: TokenAuth) -> None:
         self.runtime = runtime
         self.auth = auth

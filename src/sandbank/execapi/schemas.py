@@ -80,6 +80,8 @@ def parse_create(body: Any) -> tuple[int | None, int | None]:
 
 
 class ExecRequest:
+    """A parsed Execute: the tool kind, its call, timeout and correlation id."""
+
     def __init__(self, tool: str, call: ToolCall, timeout: int | None, tool_use_id: str | None):
         self.tool = tool
         self.call = call

@@ -22,6 +22,8 @@ TMP_DIR = ".tmp"  # beside the objects, so a finished file is renamed into place
 
 
 class LocalObjectStore:
+    """Objects as files under the data directory, with signed URLs to this server."""
+
     def __init__(self, root: Path, signer: UrlSigner) -> None:
         self._root = root.resolve()
         self._signer = signer

@@ -14,6 +14,8 @@ from sandbank.files.signing import UrlSigner
 
 
 class MemoryObjectStore:
+    """Objects in memory (tests), with signed URLs to this server."""
+
     def __init__(self, signer: UrlSigner | None = None) -> None:
         self._signer = signer or UrlSigner(b"memory-store-key", "http://testserver")
         self._objects: dict[str, bytes] = {}

@@ -64,6 +64,8 @@ def _translated(key: str) -> Iterator[None]:
 
 
 class S3ObjectStore:
+    """Objects in an S3-compatible bucket, with S3's own presigned URLs."""
+
     def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
         self._client = client
         self._bucket = bucket

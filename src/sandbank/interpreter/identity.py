@@ -30,6 +30,8 @@ def is_trusted(address: str | None, networks: list[Network]) -> bool:
 
 
 class Identity:
+    """Who is calling the interpreter API."""
+
     def __init__(self, store: Store, settings: Settings) -> None:
         self.store = store
         self.header = settings.trusted_user_header.strip().lower()

@@ -98,6 +98,8 @@ def owner_of(user_id: str) -> str:
 
 
 class Runs:
+    """Starts, cancels and stops the agent runs of sessions."""
+
     def __init__(
         self,
         store: Store,
@@ -122,7 +124,9 @@ class Runs:
     async def begin(self, session: Session, content: str) -> Message:
         """Store the question and start its run; refuses before storing anything."""
         if isinstance(self.model, SandbankError):
-            raise self.model
+            # A fresh error each time: raising the stored one would grow its traceback
+            # and keep every request's frames alive.
+            raise type(self.model)(self.model.message)
         if self._closing:
             raise AtCapacity(SHUTTING_DOWN, retry_after=30)
         s = self.settings

@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 
 class Interpreter:
+    """The interpreter API's operations for one user, with their limits."""
+
     def __init__(self, store: Store, files: SessionFiles, runs: Runs, settings: Settings) -> None:
         self.store = store
         self.files = files

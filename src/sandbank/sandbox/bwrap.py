@@ -95,6 +95,8 @@ def check_available() -> None:
 
 
 class BwrapSandbox(ManagedSandbox):
+    """A sandbox in bubblewrap namespaces, with its cgroups, uid and disk."""
+
     def __init__(
         self,
         sandbox_id: str,

@@ -31,6 +31,8 @@ def check_available(root: Path = ROOT) -> None:
 
 
 class Cgroup:
+    """One sandbox's group in each cgroup hierarchy."""
+
     def __init__(self, instance: str, name: str, root: Path = ROOT) -> None:
         self.root = root
         self.rel = Path("sandbank") / instance / name

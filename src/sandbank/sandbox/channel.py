@@ -28,6 +28,8 @@ class WorkerBroken(WorkerGone):
 
 
 class WorkerProcess:
+    """A worker process and the frames over its pipes."""
+
     # Every worker process asyncio spawned and has not reaped yet: the orphan reaper skips them.
     spawned: set[int] = set()
 

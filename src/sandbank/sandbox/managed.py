@@ -62,6 +62,8 @@ def to_message(call: ToolCall) -> dict[str, Any]:
 
 
 class ManagedSandbox(ABC):
+    """A sandbox run by a worker process: calls, deadlines, crashes and restarts."""
+
     def __init__(self, sandbox_id: str, limits: Limits, preimport: bool) -> None:
         self.id = sandbox_id
         self.uid = 0

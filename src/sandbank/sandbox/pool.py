@@ -15,6 +15,8 @@ REFILL_DELAY = 0.25
 
 
 class WarmPool:
+    """Sandboxes started ahead of demand, each handed out once."""
+
     def __init__(self, backend: Backend, size: int, preimport: bool) -> None:
         self.backend = backend
         self.size = size

@@ -17,6 +17,8 @@ from ..errors import AtCapacity
 
 
 class UidAllocator:
+    """Claims host uids for sandboxes, machine-wide."""
+
     def __init__(self, lock_dir: Path, base: int, count: int) -> None:
         self.lock_dir = lock_dir
         self.base = base

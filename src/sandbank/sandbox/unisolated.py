@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class UnisolatedSandbox(ManagedSandbox):
+    """A worker as a plain child process: no isolation (development only)."""
+
     def __init__(
         self, sandbox_id: str, *, base_dir: Path, runtime_dir: Path, limits: Limits, preimport: bool
     ) -> None:

@@ -27,6 +27,8 @@ from sandbank.store.base import (
 
 
 class MemoryStore:
+    """The store in memory: the fake for tests."""
+
     def __init__(self) -> None:
         self._users: dict[str, User] = {}  # by id
         self._keys: dict[str, tuple[ApiKey, str]] = {}  # by key id: (key, secret hash)

@@ -25,6 +25,8 @@ READ_ONLY_MODE = 0o444
 
 
 class LocalSandboxes:
+    """Sandboxes from this server's own runtime, in-process."""
+
     def __init__(self, runtime: Runtime, settings: Settings) -> None:
         self.runtime = runtime
         self.settings = settings

@@ -1,0 +1,94 @@
+"""Sessions over any backend (the fake included): capacity, fair reclaim between tenants, expiry."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbank.errors import AtCapacity, SessionNotFound
+from sandbank.sandbox.backend import RUNTIME
+from sandbank.sandbox.sessions import Runtime
+from tests.sandbox.conftest import BACKENDS
+from tests.support import settings
+
+pytestmark = [pytest.mark.anyio, pytest.mark.claims(RUNTIME)]
+
+MakeRuntime = Callable[..., Awaitable[Runtime]]
+
+
+@pytest.fixture
+async def make_runtime(module_data: Path, backend_name: str) -> AsyncIterator[MakeRuntime]:
+    made: list[Runtime] = []
+
+    async def make(**overrides: Any) -> Runtime:
+        isolation = "none" if backend_name == "none" else "bwrap"
+        config = settings(module_data / f"rt{len(made)}", isolation=isolation, **overrides)
+        rt = Runtime(config, BACKENDS[backend_name](config))
+        await rt.start()
+        made.append(rt)
+        return rt
+
+    yield make
+    for rt in made:
+        await rt.shutdown()
+
+
+def alive(rt: Runtime, tenant: str) -> int:
+    return sum(1 for s in rt.sessions() if s.tenant == tenant)
+
+
+async def test_a_full_server_reclaims_from_the_tenant_over_its_share(
+    make_runtime: MakeRuntime,
+) -> None:
+    rt = await make_runtime(max_sessions=4)
+    a = [await rt.create("a") for _ in range(3)]
+    await rt.create("b")
+    await rt.create("b")  # full: a holds more than its share, so a gives way
+    assert (alive(rt, "a"), alive(rt, "b")) == (2, 2)
+    with pytest.raises(SessionNotFound):
+        rt.get(a[0].id, "a")  # its least recently used one
+    await rt.create("a")  # a is at its share: its own session goes, never b's
+    assert (alive(rt, "a"), alive(rt, "b")) == (2, 2)
+
+
+async def test_a_tenant_at_its_own_cap_reclaims_its_own_sessions(
+    make_runtime: MakeRuntime,
+) -> None:
+    rt = await make_runtime(max_sessions=8, max_sessions_per_tenant=2)
+    first = await rt.create("a")
+    await rt.create("a")
+    await rt.create("b")
+    await rt.create("a")
+    assert (alive(rt, "a"), alive(rt, "b")) == (2, 1)
+    with pytest.raises(SessionNotFound):
+        rt.get(first.id, "a")
+
+
+async def test_busy_sessions_of_the_greedy_tenant_mean_a_refusal_not_anothers_loss(
+    make_runtime: MakeRuntime,
+) -> None:
+    rt = await make_runtime(max_sessions=4)
+    greedy = [await rt.create("a") for _ in range(3)]
+    other = await rt.create("b")
+    for s in greedy:
+        await s.lock.acquire()  # a call in progress on each
+    try:
+        with pytest.raises(AtCapacity):
+            await rt.create("b")
+        rt.get(other.id, "b")
+    finally:
+        for s in greedy:
+            s.lock.release()
+
+
+async def test_expiry_is_decided_at_the_time_given(make_runtime: MakeRuntime) -> None:
+    rt = await make_runtime()
+    s = await rt.create("t", idle_timeout=10, max_lifetime=100)
+    rt.reap(now=s.last_activity_at + 5)
+    rt.get(s.id, "t")
+    rt.reap(now=s.last_activity_at + 11)
+    with pytest.raises(SessionNotFound):
+        rt.get(s.id, "t")
