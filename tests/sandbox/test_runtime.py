@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from sandbank.errors import AtCapacity, SessionNotFound
+from sandbank.sandbox import transfers
 from sandbank.sandbox.backend import RUNTIME
 from sandbank.sandbox.sessions import Runtime
 from tests.sandbox.conftest import BACKENDS
@@ -92,3 +93,18 @@ async def test_expiry_is_decided_at_the_time_given(make_runtime: MakeRuntime) ->
     rt.reap(now=s.last_activity_at + 11)
     with pytest.raises(SessionNotFound):
         rt.get(s.id, "t")
+
+
+async def test_a_download_sends_at_most_the_size_the_file_had_when_opened(
+    make_runtime: MakeRuntime,
+) -> None:
+    rt = await make_runtime()
+    s = await rt.create("t")
+    path = s.sandbox.workspace / "growing.log"
+    path.write_bytes(b"a" * 1000)
+    download = await transfers.open_download(s, "growing.log")
+    with path.open("ab") as f:
+        f.write(b"b" * 5000)  # it grows while it is sent
+    body = b"".join([chunk async for chunk in download.chunks])
+    assert (download.size, body) == (1000, b"a" * 1000)
+    assert s.open_files == set()  # the transfer let go of its file

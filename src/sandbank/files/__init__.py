@@ -15,7 +15,7 @@ from sandbank.files.base import (
     object_key,
     session_prefix,
 )
-from sandbank.files.names import validate_filename
+from sandbank.files.names import validate_filename, validate_stored_name
 
 __all__ = [
     "ObjectStore",
@@ -27,6 +27,7 @@ __all__ = [
     "open_object_store",
     "session_prefix",
     "validate_filename",
+    "validate_stored_name",
 ]
 
 

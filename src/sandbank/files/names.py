@@ -1,4 +1,4 @@
-"""Which names a user's file may have: `validate_filename`."""
+"""Which names a user's file may have: `validate_filename`, `validate_stored_name`."""
 
 from __future__ import annotations
 
@@ -30,3 +30,8 @@ def validate_filename(name: str) -> str:
         if not (ch.isalnum() or ch in _PUNCTUATION):
             raise BadRequest(f"filename may not contain {ch!r}")
     return name
+
+
+def validate_stored_name(name: str) -> str:
+    """A file of a session: an upload's name or a produced file's workspace-relative path."""
+    return "/".join(validate_filename(part) for part in name.split("/"))

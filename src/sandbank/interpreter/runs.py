@@ -34,9 +34,8 @@ from sandbank.errors import (
     SessionNotFound,
     TooManyRuns,
 )
-from sandbank.files import object_key
+from sandbank.files import object_key, validate_stored_name
 from sandbank.interpreter.files import SessionFiles
-from sandbank.interpreter.schemas import stored_name
 from sandbank.sandbox.base import ExecResult, ToolCall
 from sandbank.store import Message, Session, SessionStatus, Store
 from sandbank.workbench import FileEntry, Sandboxes
@@ -316,7 +315,7 @@ class Runs:
         return skipped
 
     async def _save(self, session: Session, owner: str, lease: Lease, entry: FileEntry) -> None:
-        name = stored_name(entry.path)
+        name = validate_stored_name(entry.path)
         remaining = await self.files.remaining_quota(session.user_id)
         existing = await self.store.get_file(session.id, name)
         if existing is not None:

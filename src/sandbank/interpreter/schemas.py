@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 from sandbank.errors import BadRequest
-from sandbank.files import validate_filename
+from sandbank.files import validate_filename, validate_stored_name
 from sandbank.store import FileRecord, Message, Session
 
 
@@ -42,7 +42,7 @@ def stored_name(raw: str | None) -> str:
     """A file of the session: an upload's name or a produced file's workspace-relative path."""
     if raw is None:
         raise BadRequest("the query parameter `filename` is required")
-    return "/".join(validate_filename(part) for part in raw.split("/"))
+    return validate_stored_name(raw)
 
 
 def is_json(content_type: str) -> bool:

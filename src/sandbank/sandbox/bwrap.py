@@ -366,6 +366,7 @@ class BwrapBackend(Backend):
 
     async def close(self) -> None:
         reap_orphans(WorkerProcess.spawned)
+        await asyncio.to_thread(self._remove_unowned)  # nothing outlives the server's shutdown
         cgroups.remove_instance_dirs(self.instance)
 
     def leftovers(self) -> dict[str, list[str]]:

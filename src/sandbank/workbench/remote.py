@@ -5,13 +5,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import shlex
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import httpx
 
 from sandbank.config import Settings
-from sandbank.errors import AtCapacity, PayloadTooLarge, SandboxError, SessionNotFound
+from sandbank.errors import (
+    AtCapacity,
+    PayloadTooLarge,
+    ProtocolError,
+    SandboxError,
+    SessionNotFound,
+)
 from sandbank.sandbox.base import BashCall, EditorCall, ExecResult, PythonCall, ToolCall
 from sandbank.workbench.base import MAX_WALK_ENTRIES, FileEntry, visible
 
@@ -43,7 +51,7 @@ def to_request(call: ToolCall, timeout_s: float) -> dict[str, Any]:
     return {"tool": "text_editor_code_execution", "input": inp, "timeout_seconds": timeout}
 
 
-def from_response(body: dict[str, Any], duration_ms: int) -> ExecResult:
+def from_response(body: Any, duration_ms: int) -> ExecResult:
     try:
         content = body["result_block"]["content"]
         return ExecResult(
@@ -54,7 +62,16 @@ def from_response(body: dict[str, Any], duration_ms: int) -> ExecResult:
             duration_ms=int(body.get("execution_time_ms") or duration_ms),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise SandboxError("the sandbox backend sent a malformed exec result") from e
+        raise ProtocolError("the sandbox backend sent a malformed exec result") from e
+
+
+@contextlib.contextmanager
+def _malformed(operation: str) -> Iterator[None]:
+    """A reply missing or mistyping what the protocol promises is a `ProtocolError`."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ProtocolError(f"the sandbox backend sent a malformed {operation} reply") from e
 
 
 class RemoteSandboxes:
@@ -111,7 +128,8 @@ class RemoteSandboxes:
 
     async def create(self, owner: str) -> str:
         response = await self._request("POST", "/sessions", json={})
-        return str(response.json()["session_id"])
+        with _malformed("CreateSession"):
+            return str(response.json()["session_id"])
 
     async def exists(self, sandbox_id: str, owner: str) -> bool:
         try:
@@ -123,10 +141,13 @@ class RemoteSandboxes:
     async def execute(
         self, sandbox_id: str, owner: str, call: ToolCall, timeout_s: float
     ) -> ExecResult:
+        started = time.monotonic()
         response = await self._request(
             "POST", f"/sessions/{sandbox_id}/exec", json=to_request(call, timeout_s)
         )
-        return from_response(response.json(), round(response.elapsed.total_seconds() * 1000))
+        with _malformed("Execute"):
+            body = response.json()
+        return from_response(body, round((time.monotonic() - started) * 1000))
 
     async def destroy(self, sandbox_id: str, owner: str) -> None:
         with contextlib.suppress(SessionNotFound):
@@ -140,16 +161,17 @@ class RemoteSandboxes:
             response = await self._request(
                 "GET", f"/sessions/{sandbox_id}/files/list", params={"path": directory}
             )
-            for item in response.json().get("files", []):
-                path = str(item["path"])
-                if not visible(path):
-                    continue
-                if item.get("is_dir"):
-                    pending.append(path)
-                else:
-                    found.append(
-                        FileEntry(path, int(item["size_bytes"]), float(item["modified_at"]))
-                    )
+            with _malformed("ListFiles"):
+                for item in response.json().get("files", []):
+                    path = str(item["path"])
+                    if not visible(path):
+                        continue
+                    if item.get("is_dir"):
+                        pending.append(path)
+                    else:
+                        found.append(
+                            FileEntry(path, int(item["size_bytes"]), float(item["modified_at"]))
+                        )
         return found
 
     async def read_file(
