@@ -173,6 +173,7 @@ class _Run:
                 return_code=exec_result.return_code,
                 files=list(exec_result.files),
                 duration_ms=exec_result.duration_ms,
+                displays=exec_result.displays,
             )
             self.result.files += [f for f in exec_result.files if f not in self.result.files]
         if timed_out:

@@ -19,6 +19,11 @@ class ToolOutput(BaseModel):
     return_code: int = 0
     files: list[str] = Field(default_factory=list, description="Workspace files produced.")
     duration_ms: int = 0
+    displays: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Display bundles, as a notebook shows them: "
+        '{"data": {media type: text (base64 for images)}, "cut": [media types left out]}.',
+    )
 
 
 class ToolRecord(BaseModel):

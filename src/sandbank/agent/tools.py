@@ -172,4 +172,24 @@ def result_text(result: ExecResult, budget: int) -> str:
         parts.append(f"return code: {result.return_code}")
     if result.files:
         parts.append("files produced: " + ", ".join(result.files))
+    if result.displays:
+        shown = [compact_display(b, budget // (4 * len(result.displays)) + 200)
+                 for b in result.displays]  # fmt: skip
+        parts.append("displayed:\n" + "\n".join(shown))
     return "\n".join(parts) if parts else "(no output)"
+
+
+def compact_display(bundle: dict[str, Any], limit: int) -> str:
+    """What the model is shown of a display: its Markdown or plain text; an image by kind."""
+    data = bundle.get("data") or {}
+    for media in ("text/markdown", "text/plain"):
+        if media in data and not (media == "text/plain" and _is_image_only(data)):
+            return clip(str(data[media]), limit)
+    kinds = ", ".join(sorted(m for m in data if m.startswith("image/")))
+    return f"[an image ({kinds}), shown to the user]"
+
+
+def _is_image_only(data: dict[str, Any]) -> bool:
+    return any(m.startswith("image/") for m in data) and str(data.get("text/plain", "")).startswith(
+        "<Figure"
+    )

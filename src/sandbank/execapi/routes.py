@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
@@ -68,9 +70,43 @@ class ExecApi:
         timeout = min(
             req.timeout or self.settings.exec_timeout_default, self.settings.exec_timeout_max
         )
-        result = await self.runtime.execute(session_id, tenant, req.call, timeout)
         tool_use_id = req.tool_use_id or f"srvtoolu_{secrets.token_hex(12)}"
+        if "text/event-stream" in request.headers.get("accept", ""):
+            interrupt = request.query_params.get("on_disconnect") == "interrupt"
+            events = self._stream(session_id, tenant, req, timeout, tool_use_id, interrupt)
+            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        result = await self.runtime.execute(session_id, tenant, req.call, timeout)
         return JSONResponse(exec_response(req.tool, tool_use_id, result))
+
+    async def _stream(
+        self,
+        session_id: str,
+        tenant: str,
+        req: schemas.ExecRequest,
+        timeout: float,
+        tool_use_id: str,
+        interrupt_on_disconnect: bool,
+    ) -> AsyncIterator[bytes]:
+        """A streamed Execute: output and displays as they come, then the plain call's result.
+
+        The call runs on its own: a client that goes away interrupts nothing, unless it asked
+        for that with `?on_disconnect=interrupt`.
+        """
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        call = asyncio.ensure_future(
+            self.runtime.execute(
+                session_id, tenant, req.call, timeout, lambda k, d: queue.put_nowait((k, d))
+            )
+        )
+        call.add_done_callback(lambda _: queue.put_nowait(("done", None)))
+        try:
+            while (item := await queue.get())[0] != "done":
+                kind, data = item
+                yield sse(kind, {"text": data} if isinstance(data, str) else data)
+            yield sse("result", exec_response(req.tool, tool_use_id, call.result()))
+        finally:
+            if interrupt_on_disconnect and not call.done():
+                call.cancel()  # the runtime interrupts the code and keeps the session in step
 
     async def list_files(self, request: Request) -> Response:
         session = self._session(request)
@@ -150,9 +186,17 @@ def exec_response(tool: str, tool_use_id: str, result: ExecResult) -> dict[str, 
                     {"type": "code_execution_output", "file_id": f, "filename": f}
                     for f in result.files
                 ],
+                **({"display_outputs": result.displays} if result.displays else {}),
             },
         },
     }
+
+
+SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+
+
+def sse(event: str, data: Any) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
 async def json_body(request: Request, optional: bool = False) -> Any:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from ..config import MiB, Settings
-from .base import ExecResult, ToolCall
+from .base import ExecResult, OnEvent, ToolCall
 from .managed import Limits
 
 # Properties a backend can claim (each one a part of the contract suite):
@@ -45,8 +45,13 @@ class Sandbox(Protocol):
 
     async def start(self) -> None: ...
 
-    async def execute(self, call: ToolCall, deadline: float) -> ExecResult:
-        """Run one call by `deadline` (monotonic); a program's failure is a result."""
+    async def execute(
+        self, call: ToolCall, deadline: float, on_event: OnEvent | None = None
+    ) -> ExecResult:
+        """Run one call by `deadline` (monotonic); a program's failure is a result.
+
+        With `on_event`, its output (and display bundles) is handed over as it is produced.
+        """
         ...
 
     async def close(self) -> None:

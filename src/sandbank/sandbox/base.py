@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 EditorCommand = Literal["view", "create", "str_replace", "insert", "undo_edit"]
 
@@ -45,3 +46,9 @@ class ExecResult:
     return_code: int = 0
     files: list[str] = field(default_factory=list)  # workspace-relative paths produced
     duration_ms: int = 0
+    # Display bundles, as notebooks show them: {"data": {media type: text}, "cut": [...]}.
+    displays: list[dict[str, Any]] = field(default_factory=list)
+
+
+# A streamed call's events as they happen: ("stdout" | "stderr", text) or ("display", bundle).
+OnEvent = Callable[[str, Any], None]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..config import Settings
 from .backend import RUNTIME, Backend, new_sandbox_id
-from .base import RC_KILLED, RC_TIMEOUT, ExecResult, ToolCall
+from .base import RC_KILLED, RC_TIMEOUT, ExecResult, OnEvent, ToolCall
 
 Handler = Callable[[ToolCall], ExecResult | Awaitable[ExecResult]]
 
@@ -52,7 +52,9 @@ class FakeSandbox:
     async def start(self) -> None:
         self.workspace.mkdir(parents=True)
 
-    async def execute(self, call: ToolCall, deadline: float) -> ExecResult:
+    async def execute(
+        self, call: ToolCall, deadline: float, on_event: OnEvent | None = None
+    ) -> ExecResult:
         started = time.monotonic()
         async with self._lock:
             if self._closed:

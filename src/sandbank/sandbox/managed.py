@@ -22,6 +22,7 @@ from .base import (
     RC_TIMEOUT,
     BashCall,
     ExecResult,
+    OnEvent,
     PythonCall,
     ToolCall,
 )
@@ -182,7 +183,9 @@ class ManagedSandbox(ABC):
         return self._closed
 
     # --- calls -------------------------------------------------------------------------------
-    async def execute(self, call: ToolCall, deadline: float) -> ExecResult:
+    async def execute(
+        self, call: ToolCall, deadline: float, on_event: OnEvent | None = None
+    ) -> ExecResult:
         started = time.monotonic()
         async with self._lock:
             if self._closed:
@@ -200,19 +203,26 @@ class ManagedSandbox(ABC):
                 )
             msg = to_message(call)
             msg[protocol.LIMIT] = self.limits.output_bytes
-            reply = await self._exchange(worker, msg, deadline, call)
+            if on_event is not None:
+                msg[protocol.STREAM] = True
+            reply = await self._exchange(worker, msg, deadline, call, on_event)
         reply.duration_ms = int((time.monotonic() - started) * 1000)
         return reply
 
     async def _exchange(
-        self, worker: WorkerProcess, msg: dict[str, Any], deadline: float, call: ToolCall
+        self,
+        worker: WorkerProcess,
+        msg: dict[str, Any],
+        deadline: float,
+        call: ToolCall,
+        on_event: OnEvent | None,
     ) -> ExecResult:
         timeout = max(0.0, deadline - time.monotonic())
         oom_before = self._oom_count()
         try:
             await worker.send(msg)
             try:
-                return _parse(await asyncio.wait_for(worker.recv(), timeout))
+                return _parse(await asyncio.wait_for(_reply(worker, on_event), timeout))
             except TimeoutError:
                 return await self._on_timeout(worker, call, deadline)
         except WorkerBroken as e:
@@ -229,7 +239,7 @@ class ManagedSandbox(ABC):
     async def _settle(self, worker: WorkerProcess) -> None:
         worker.interrupt()
         try:
-            await asyncio.wait_for(worker.recv(), self.limits.grace)
+            await asyncio.wait_for(_reply(worker), self.limits.grace)
             return
         except (TimeoutError, WorkerGone):
             pass
@@ -241,7 +251,7 @@ class ManagedSandbox(ABC):
     ) -> ExecResult:
         worker.interrupt()
         try:
-            res = _parse(await asyncio.wait_for(worker.recv(), self.limits.grace))
+            res = _parse(await asyncio.wait_for(_reply(worker), self.limits.grace))
             res.stderr += "\n[sandbank] timed out: interrupted; the session's state is kept\n"
             res.return_code = RC_TIMEOUT
             return res
@@ -251,7 +261,7 @@ class ManagedSandbox(ABC):
             # The shell ignored SIGINT: kill its command group, keep the Python interpreter.
             worker.interrupt(hard=True)
             try:
-                res = _parse(await asyncio.wait_for(worker.recv(), HARD_GRACE))
+                res = _parse(await asyncio.wait_for(_reply(worker), HARD_GRACE))
                 res.stderr += (
                     "\n[sandbank] timed out: the command ignored SIGINT and was "
                     "killed; the shell was restarted (its variables and directory are reset)\n"
@@ -297,6 +307,37 @@ class ManagedSandbox(ABC):
         return 0
 
 
+async def _reply(worker: WorkerProcess, on_event: OnEvent | None = None) -> dict[str, Any]:
+    """The call's reply, handing the event frames before it (a streamed call's) to `on_event`."""
+    while True:
+        msg = await worker.recv()
+        kind = msg.get(protocol.EVENT)
+        if kind is None:
+            return msg
+        if on_event is None or kind not in (
+            protocol.EVENT_STDOUT, protocol.EVENT_STDERR, protocol.EVENT_DISPLAY,
+        ):  # fmt: skip
+            continue
+        data = msg.get("data")
+        if kind == protocol.EVENT_DISPLAY:
+            if isinstance(data, dict):
+                on_event(kind, _bundle(data))
+        elif isinstance(data, str):
+            on_event(kind, _text(data))
+
+
+def _bundle(value: Any) -> dict[str, Any]:
+    """A display bundle from a worker, kept to its shape: {"data": {str: str}, "cut": [str]}."""
+    data = value.get("data") if isinstance(value, dict) else None
+    if not isinstance(data, dict):
+        raise TypeError("not a display bundle")
+    out: dict[str, Any] = {"data": {_text(k): _text(v) for k, v in data.items()}}
+    cut = value.get("cut")
+    if isinstance(cut, list):
+        out["cut"] = [_text(c) for c in cut]
+    return out
+
+
 def _parse(reply: dict[str, Any]) -> ExecResult:
     try:
         files = [_text(f) for f in reply.get(protocol.FILES) or []]
@@ -304,11 +345,15 @@ def _parse(reply: dict[str, Any]) -> ExecResult:
         cut = int(reply.get(protocol.FILES_CUT) or 0)
         if cut:
             stderr += f"\n[sandbank] {cut} more produced files are not listed\n"
+        displays = [_bundle(b) for b in reply.get(protocol.DISPLAYS) or []]
+        if dropped := int(reply.get(protocol.DISPLAYS_CUT) or 0):
+            stderr += f"\n[sandbank] {dropped} display outputs were too large to send\n"
         return ExecResult(
             stdout=_text(reply.get(protocol.STDOUT) or ""),
             stderr=stderr,
             return_code=int(reply.get(protocol.RETURN_CODE) or 0),
             files=files,
+            displays=displays,
         )
     except (TypeError, ValueError, AttributeError) as e:
         raise WorkerBroken("a malformed reply") from e

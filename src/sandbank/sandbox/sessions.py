@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..config import Settings
 from ..errors import AtCapacity, SessionNotFound
 from .backend import Backend, Sandbox
-from .base import RC_TIMEOUT, ExecResult, ToolCall
+from .base import RC_TIMEOUT, ExecResult, OnEvent, ToolCall
 from .chooser import backend_for
 from .pool import WarmPool
 from .workspace import OpenFile
@@ -152,7 +152,12 @@ class Runtime:
         return list(self._sessions.values())
 
     async def execute(
-        self, session_id: str, tenant: str, call: ToolCall, timeout: float
+        self,
+        session_id: str,
+        tenant: str,
+        call: ToolCall,
+        timeout: float,
+        on_event: OnEvent | None = None,
     ) -> ExecResult:
         arrival = time.monotonic()
         deadline = arrival + timeout
@@ -169,7 +174,7 @@ class Runtime:
                     duration_ms=int((time.monotonic() - arrival) * 1000),
                 )
             try:
-                return await session.sandbox.execute(call, deadline)
+                return await session.sandbox.execute(call, deadline, on_event)
             finally:
                 session.lock.release()
         finally:

@@ -8,11 +8,13 @@ left running) and is dropped: output is never attributed to a later call.
 
 from __future__ import annotations
 
+import codecs
 import fcntl
 import os
 import secrets
 import sys
 import threading
+from collections.abc import Callable
 
 _WAIT, _COLLECT, _IDLE = 0, 1, 2
 
@@ -33,6 +35,8 @@ class Stream(threading.Thread):
         self.dropped = 0
         self.tail = b""
         self.ended = False
+        self.live: Callable[[str], None] | None = None  # gets the call's text as it comes
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.start()
 
     @classmethod
@@ -44,10 +48,14 @@ class Stream(threading.Thread):
         os.close(w)
         return cls(r, fd)
 
-    def begin(self, markers: tuple[bytes, bytes], limit: int) -> None:
+    def begin(
+        self, markers: tuple[bytes, bytes], limit: int, live: Callable[[str], None] | None = None
+    ) -> None:
         with self.lock:
             self.start_marker, self.end_marker = markers
             self.limit = limit
+            self.live = live
+            self._decoder.reset()
             self.data, self.dropped, self.tail = bytearray(), 0, b""
             self.state = _WAIT
             self.done.clear()
@@ -86,7 +94,7 @@ class Stream(threading.Thread):
             marker = self.start_marker if self.state == _WAIT else self.end_marker
             idx = buf.find(marker)
             if idx < 0:
-                keep = len(marker) - 1  # the marker may be split across reads
+                keep = _partial(buf, marker)  # the marker may be split across reads
                 if self.state == _COLLECT:
                     self._keep(buf[: len(buf) - keep])
                 self.tail = buf[len(buf) - keep :]
@@ -102,7 +110,12 @@ class Stream(threading.Thread):
     def _keep(self, data: bytes) -> None:
         room = self.limit - len(self.data)
         if room > 0:
-            self.data += data[:room]
+            kept = data[:room]
+            self.data += kept
+            if self.live is not None and kept:
+                text = self._decoder.decode(kept)
+                if text:
+                    self.live(text)
         self.dropped += max(0, len(data) - max(room, 0))
 
     def text(self, timeout: float = 2.0) -> str:
@@ -113,6 +126,14 @@ class Stream(threading.Thread):
                 out += f"\n[output truncated: {self.dropped} more bytes not shown]\n"
             self.data = bytearray()
             return out
+
+
+def _partial(buf: bytes, marker: bytes) -> int:
+    """How many bytes at the end of `buf` could be the start of `marker` (held back for now)."""
+    for k in range(min(len(buf), len(marker) - 1), 0, -1):
+        if buf.endswith(marker[:k]):
+            return k
+    return 0
 
 
 def above_stdio(fd: int) -> int:
@@ -144,8 +165,11 @@ class Capture:
 
     streams: list[Stream] = []
 
-    def __init__(self, limit: int) -> None:
+    def __init__(
+        self, limit: int, live: tuple[Callable[[str], None], Callable[[str], None]] | None = None
+    ) -> None:
         self.limit = limit
+        self.live = live
         self.out = self.err = ""
         if not Capture.streams:
             Capture.streams = [Stream.onto(1), Stream.onto(2)]
@@ -156,10 +180,11 @@ class Capture:
         flush_python_streams()
         self.markers = new_markers()
         for i, s in enumerate(self.streams):
-            s.begin(self.markers, self.limit)
+            live = self.live[i] if self.live else None
+            s.begin(self.markers, self.limit, live)
             if not s.write_marker(self.markers[0]):
                 s = Capture.streams[i] = Stream.onto(s.fd)  # fd 1 or 2 was gone
-                s.begin(self.markers, self.limit)
+                s.begin(self.markers, self.limit, live)
                 s.write_marker(self.markers[0])
         return self
 

@@ -32,6 +32,11 @@ OP_BASH = "bash"  # command
 OP_EDIT = "edit"  # command, path, file_text, old_str, new_str, insert_line, view_range
 OP_PING = "ping"
 LIMIT = "limit"  # bytes of output kept per stream
+STREAM = "stream"  # true: send the call's output as it comes, in event frames, before the reply
+
+# While a streamed call runs, the worker may send event frames {"event": kind, "data": ...}:
+EVENT = "event"
+EVENT_STDOUT, EVENT_STDERR, EVENT_DISPLAY = "stdout", "stderr", "display"
 
 # The worker's first frame says it is ready: {"ready": true, "pid": N}.
 READY = "ready"
@@ -39,6 +44,8 @@ READY = "ready"
 # Reply fields: every reply to a call has all of them.
 STDOUT, STDERR, RETURN_CODE, FILES = "stdout", "stderr", "return_code", "files"
 FILES_CUT = "files_cut"  # how many produced files were not listed (absent when none)
+DISPLAYS = "displays"  # display bundles: [{"data": {media type: text}, "cut": [...]}]
+DISPLAYS_CUT = "displays_cut"  # how many bundles were left out for the reply's size
 
 
 class ProtocolViolation(Exception):
@@ -66,7 +73,11 @@ def check_size(size: int, cap: int) -> None:
 
 
 def result(
-    stdout: str = "", stderr: str = "", return_code: int = 0, files: list[str] | None = None
+    stdout: str = "",
+    stderr: str = "",
+    return_code: int = 0,
+    files: list[str] | None = None,
+    displays: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A reply to a call, with the produced files capped in number and path length."""
     listed: list[str] = []
@@ -81,12 +92,21 @@ def result(
     }  # fmt: skip
     if cut:
         reply[FILES_CUT] = cut
+    if displays:
+        reply[DISPLAYS] = displays
     return fit(reply)
 
 
 def fit(reply: dict[str, Any]) -> dict[str, Any]:
     """Shorten stdout and stderr until the encoded reply fits MAX_REPLY, saying so."""
     size = len(encode(reply))
+    if size <= MAX_REPLY:
+        return reply
+    displays = reply.get(DISPLAYS) or []
+    while displays and size > MAX_REPLY:  # rich outputs give way first, the last ones first
+        displays.pop()
+        reply[DISPLAYS_CUT] = reply.get(DISPLAYS_CUT, 0) + 1
+        size = len(encode(reply))
     if size <= MAX_REPLY:
         return reply
     # Escaping can grow text up to 6x: cut by the encoded excess, then check again.

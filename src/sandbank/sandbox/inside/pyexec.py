@@ -8,7 +8,10 @@ import linecache
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
+
+from .display import MAX_BUNDLES, REPR_METHODS, bundle
 
 _HERE = {__file__}
 
@@ -19,15 +22,33 @@ def hide_frames_of(*files: str) -> None:
 
 
 class PythonRunner:
-    """One namespace for the session's life; `run` returns the cell's exit status."""
+    """One namespace for the session's life; `run` returns the cell's exit status.
+
+    `display(obj)` is in the namespace, as in IPython: it adds a bundle of the object's
+    representations to the call's `displays` (and hands it to `on_display` as it is made).
+    """
 
     def __init__(self, namespace: dict[str, Any], owner_pid: int) -> None:
         self.namespace = namespace
         self.namespace["__builtins__"] = __builtins__
+        self.namespace["display"] = self.display
         self.owner_pid = owner_pid
         self.cell = 0
+        self.displays: list[dict[str, Any]] = []
+        self.on_display: Callable[[dict[str, Any]], None] | None = None
+
+    def display(self, *objs: Any) -> None:
+        """Show objects as a notebook does (a table for a DataFrame, an image for a figure)."""
+        for obj in objs:
+            if len(self.displays) >= MAX_BUNDLES:
+                return
+            shown = bundle(obj)
+            self.displays.append(shown)
+            if self.on_display is not None:
+                self.on_display(shown)
 
     def run(self, code: str) -> int:
+        self.displays = []
         status = self._run(code)
         if os.getpid() != self.owner_pid:
             # A fork of user code (os.fork) came back here: it ends, and never answers a call.
@@ -58,6 +79,8 @@ class PythonRunner:
                 value = eval(compile(last, filename, "eval"), self.namespace)  # noqa: S307
                 if value is not None:
                     print(repr(value))
+                    if _is_rich(value):
+                        self.display(value)
             return 0
         except SystemExit as e:
             if e.code is None:
@@ -73,6 +96,15 @@ class PythonRunner:
                 tb = tb.tb_next
             traceback.print_exception(type(e), e, tb)
             return 130 if isinstance(e, KeyboardInterrupt) else 1
+
+
+def _is_rich(value: Any) -> bool:
+    """Whether an echoed value has more than its text (its text is already on stdout)."""
+    if isinstance(value, str | int | float | bool | bytes | list | tuple | dict | set):
+        return False
+    return any(hasattr(value, method) for method, _ in REPR_METHODS) or (
+        type(value).__name__ == "Figure"
+    )
 
 
 def ends_with_semicolon(code: str) -> bool:

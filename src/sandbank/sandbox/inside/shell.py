@@ -7,6 +7,7 @@ import os
 import secrets
 import signal
 import subprocess
+from collections.abc import Callable
 
 from .capture import Stream, new_markers
 
@@ -70,14 +71,19 @@ class Shell:
             with contextlib.suppress(OSError):
                 os.killpg(self.proc.pid, sig)
 
-    def run(self, command: str, limit: int) -> tuple[str, str, int]:
+    def run(
+        self,
+        command: str,
+        limit: int,
+        live: tuple[Callable[[str], None], Callable[[str], None]] | None = None,
+    ) -> tuple[str, str, int]:
         proc = self.ensure()
         script = os.path.join(self.dir, "cmd")
         with open(script, "w", encoding="utf-8", errors="surrogateescape") as f:
             f.write(command if command.endswith("\n") else command + "\n")
         markers = new_markers(nul=False)
-        self.out.begin(markers, limit)
-        self.err.begin(markers, limit)
+        self.out.begin(markers, limit, live[0] if live else None)
+        self.err.begin(markers, limit, live[1] if live else None)
         start, end = (m.decode() for m in markers)
         with contextlib.suppress(BrokenPipeError):
             self._write(

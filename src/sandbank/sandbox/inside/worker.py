@@ -15,6 +15,7 @@ import sys
 import threading
 import traceback
 import types
+from collections.abc import Callable
 from typing import Any
 
 from . import protocol as p
@@ -150,21 +151,36 @@ class Worker:
         self.python.cell = 0
         scan(WORKSPACE)
 
+    def _live(self) -> tuple[Callable[[str], None], Callable[[str], None]]:
+        """Senders of a streamed call's output, as event frames before its reply."""
+
+        def sender(kind: str) -> Callable[[str], None]:
+            return lambda text: self.channel.send({p.EVENT: kind, "data": text})
+
+        return sender(p.EVENT_STDOUT), sender(p.EVENT_STDERR)
+
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         op = msg.get("op")
         limit = int(msg.get(p.LIMIT, 1 << 20))
+        live = self._live() if msg.get(p.STREAM) else None
         if op == p.OP_PING:
             return {"ok": True}
         if op == p.OP_PYTHON:
             before = scan(WORKSPACE)
-            with self.busy_with(p.OP_PYTHON), Capture(limit) as cap:
+            self.python.on_display = (
+                (lambda b: self.channel.send({p.EVENT: p.EVENT_DISPLAY, "data": b}))
+                if live
+                else None
+            )
+            with self.busy_with(p.OP_PYTHON), Capture(limit, live) as cap:
                 rc = self.python.run(str(msg["code"]))
-            return p.result(cap.out, cap.err, rc, produced(WORKSPACE, before))
+            files = produced(WORKSPACE, before)
+            return p.result(cap.out, cap.err, rc, files, self.python.displays)
         if op == p.OP_BASH:
             before = scan(WORKSPACE)
             try:
                 with self.busy_with(p.OP_BASH):
-                    out, err, rc = self.shell.run(str(msg["command"]), limit)
+                    out, err, rc = self.shell.run(str(msg["command"]), limit, live)
             except ShellUnavailable as e:
                 return p.result(stderr=f"[sandbank] {e}\n", return_code=1)
             return p.result(out, err, rc, produced(WORKSPACE, before))
