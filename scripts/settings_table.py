@@ -41,8 +41,12 @@ def describe(doc: dict[str, Any], dotted: str) -> str:
         ref, node = node["$ref"], doc
         for key in ref.removeprefix("#/").split("/"):
             node = node[key]
+    if isinstance(node, list):  # parameters: the first one's description
+        node = node[0]
     if "get" in node:  # a new path
         node = node["get"]
+    if "schema" in node and "description" not in node:  # a new media type of a response
+        node = node["schema"]
     text = str(node.get("description") or node.get("summary") or "")
     return " ".join(text.split()).split(". ")[0].rstrip(".") + "."
 
