@@ -32,6 +32,8 @@ class PythonRunner:
         self.namespace = namespace
         self.namespace["__builtins__"] = __builtins__
         self.namespace["display"] = self.display
+        self.namespace[SHELL_HOOK] = run_shell_line
+        self.namespace[PIP_HOOK] = refuse_pip
         self.owner_pid = owner_pid
         self.cell = 0
         self.displays: list[dict[str, Any]] = []
@@ -66,7 +68,16 @@ class PythonRunner:
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         try:
             tree = ast.parse(code, filename, "exec")
-        except (SyntaxError, ValueError) as e:
+        except SyntaxError as e:
+            converted = convert_magics(code)
+            try:
+                if converted is None:
+                    raise e from None
+                tree = ast.parse(converted, filename, "exec")
+            except (SyntaxError, ValueError) as e2:
+                traceback.print_exception(type(e2), e2, None)
+                return 1
+        except ValueError as e:
             traceback.print_exception(type(e), e, None)
             return 1
         last = None
@@ -96,6 +107,43 @@ class PythonRunner:
                 tb = tb.tb_next
             traceback.print_exception(type(e), e, tb)
             return 130 if isinstance(e, KeyboardInterrupt) else 1
+
+
+SHELL_HOOK, PIP_HOOK = "_sandbank_shell_line", "_sandbank_pip_line"
+PIP_REFUSAL = (
+    "%pip is not available in this sandbox: it has no network access. Packages are installed "
+    'by the server\'s operator (make install SANDBANK_EXTRA_PACKAGES="name ...").'
+)
+
+
+def convert_magics(code: str) -> str | None:
+    """IPython's conveniences LLM-written code uses: `!command` lines and `%pip`; None if none."""
+    out, changed = [], False
+    for line in code.splitlines():
+        stripped = line.lstrip()
+        indent = line[: len(line) - len(stripped)]
+        if stripped.startswith("!"):
+            out.append(f"{indent}{SHELL_HOOK}({stripped[1:]!r})")
+            changed = True
+        elif stripped.startswith(("%pip", "%%pip")):
+            out.append(f"{indent}{PIP_HOOK}({stripped!r})")
+            changed = True
+        else:
+            out.append(line)
+    return "\n".join(out) if changed else None
+
+
+def run_shell_line(command: str) -> int:
+    """`!command`: run in bash, its output in the cell's output, as IPython's `!` does."""
+    import subprocess
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return subprocess.run(["bash", "-c", command], check=False).returncode
+
+
+def refuse_pip(line: str) -> None:
+    print(PIP_REFUSAL, file=sys.stderr)
 
 
 def _is_rich(value: Any) -> bool:
