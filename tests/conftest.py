@@ -27,7 +27,7 @@ ROOT = (
     "tests/interpreter/test_remote_stack",
     "tests/interpreter/test_spec_client",
     "tests/interpreter/test_replica",
-    "tests/workbench/test_remote.py",
+    "tests/leasing/test_remote.py",
     "tests/fleet/",
     "tests/egress/",
     "tests/agent/test_loop_real_sandbox",

@@ -1,4 +1,4 @@
-"""create_app(settings): builds the parts, mounts both APIs and the web UI, runs the lifespan."""
+"""create_app(settings): builds the services, mounts both APIs and the web UI, runs the lifespan."""
 
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ from .interpreter.files import SessionFiles
 from .interpreter.identity import Identity
 from .interpreter.routes import InterpreterApi
 from .interpreter.runs import Runs
-from .interpreter.service import Interpreter
+from .interpreter.service import InterpreterService
+from .leasing import Sandboxes, open_sandboxes
 from .sandbox.sessions import Runtime
 from .store import Store, open_store
 from .web import site
-from .workbench import Sandboxes, open_sandboxes
 
 log = logging.getLogger("sandbank")
 RESTARTED = "interrupted by a server restart"
@@ -70,7 +70,7 @@ def build_model(settings: Settings) -> Model | SandbankError:
         return e
 
 
-class Parts:
+class Services:
     """Everything the server is made of, built once per app (never at import time)."""
 
     def __init__(self, settings: Settings) -> None:
@@ -85,7 +85,7 @@ class Parts:
         self.objects: ObjectStore | None = None
         self.sandboxes: Sandboxes | None = None
         self.model: Model | SandbankError | None = None
-        self.interpreter: Interpreter | None = None
+        self.interpreter: InterpreterService | None = None
         self._expiry: asyncio.Task[None] | None = None
         self._shutdown: asyncio.Task[None] | None = None
 
@@ -106,7 +106,7 @@ class Parts:
         self.model = build_model(s)
         files = SessionFiles(store, objects, s)
         runs = Runs(store, files, sandboxes, self.model, s)
-        self.interpreter = Interpreter(store, files, runs, s)
+        self.interpreter = InterpreterService(store, files, runs, s)
         self.interpreter_api.bind(self.interpreter, Identity(store, s))
         self._expiry = asyncio.create_task(self.interpreter.expire_forever())
 
@@ -154,27 +154,27 @@ def _cors(settings: Settings) -> list[Middleware]:
 
 
 def create_app(settings: Settings) -> Starlette:
-    parts = Parts(settings)
+    services = Services(settings)
     routes: list[BaseRoute] = []
     if settings.interpreter_api == "on":
         routes.append(
-            Mount("/api", routes=parts.interpreter_api.routes(), middleware=_cors(settings))
+            Mount("/api", routes=services.interpreter_api.routes(), middleware=_cors(settings))
         )
     if settings.exec_api == "on":
-        routes += parts.exec_api.routes()
+        routes += services.exec_api.routes()
         routes.append(Route("/openapi.json", _openapi, methods=["GET"]))
     else:
-        routes.append(Route("/health", parts.exec_api.health, methods=["GET"]))
+        routes.append(Route("/health", services.exec_api.health, methods=["GET"]))
     if settings.web_ui == "on" and settings.interpreter_api == "on":
         routes += site(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await parts.start()
+        await services.start()
         try:
             yield
         finally:
-            await parts.stop()
+            await services.stop()
 
     app = Starlette(
         routes=routes,
@@ -182,14 +182,14 @@ def create_app(settings: Settings) -> Starlette:
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )
-    app.state.parts = parts
+    app.state.services = services
     return app
 
 
-def create_exec_app(parts: Parts, settings: Settings) -> Starlette:
-    """The code-execution API alone, for a listener of its own over the main app's parts."""
+def create_exec_app(services: Services, settings: Settings) -> Starlette:
+    """The code-execution API alone, for a listener of its own over the main app's services."""
     return Starlette(
-        routes=[*parts.exec_api.routes(), Route("/openapi.json", _openapi, methods=["GET"])],
+        routes=[*services.exec_api.routes(), Route("/openapi.json", _openapi, methods=["GET"])],
         middleware=[Middleware(HostAllowList, allowed=settings.allowed_hosts.split(","))],
         exception_handlers=EXCEPTION_HANDLERS,
     )

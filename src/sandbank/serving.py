@@ -1,4 +1,4 @@
-"""Running the server: uvicorn listeners over one set of parts, and a graceful SIGTERM."""
+"""Running the server: uvicorn listeners over one set of services, and a graceful SIGTERM."""
 
 from __future__ import annotations
 
@@ -8,23 +8,25 @@ from typing import Literal
 
 import uvicorn
 
-from .app import Parts, create_app, create_exec_app
+from .app import Services, create_app, create_exec_app
 from .config import Settings
 
 
 class MainServer(uvicorn.Server):
     """On SIGTERM, first ends running turns and calls (with a result), then stops listening."""
 
-    def __init__(self, config: uvicorn.Config, parts: Parts, peers: list[uvicorn.Server]) -> None:
+    def __init__(
+        self, config: uvicorn.Config, services: Services, peers: list[uvicorn.Server]
+    ) -> None:
         super().__init__(config)
-        self.parts = parts
+        self.services = services
         self.peers = peers
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.should_exit:
             # Running turns end ERROR first; then destroying the sessions answers in-flight
             # calls, so uvicorn's graceful wait for open requests ends promptly.
-            self.parts.begin_shutdown()
+            self.services.begin_shutdown()
             for peer in self.peers:
                 peer.should_exit = True
         super().handle_exit(sig, frame)
@@ -47,23 +49,23 @@ def _config(
 def run(settings: Settings) -> int:
     """Serve until a signal; the code-execution API on its own listener when so configured."""
     app = create_app(settings)
-    parts: Parts = app.state.parts
+    services: Services = app.state.services
     peers: list[uvicorn.Server] = []
     if settings.exec_api == "separate":
-        exec_app = create_exec_app(parts, settings)
+        exec_app = create_exec_app(services, settings)
         peers.append(
             uvicorn.Server(
                 _config(exec_app, settings.exec_api_host, settings.exec_api_port, settings, "off")
             )
         )
-    main = MainServer(_config(app, settings.host, settings.port, settings, "on"), parts, peers)
+    main = MainServer(_config(app, settings.host, settings.port, settings, "on"), services, peers)
     asyncio.run(_serve(main, peers))
     return 0 if main.started else 1
 
 
 async def _serve(main: MainServer, peers: list[uvicorn.Server]) -> None:
     task = asyncio.create_task(main.serve())
-    # Peers share the main app's parts: they listen once its lifespan has started them.
+    # Peers share the main app's services: they listen once its lifespan has started them.
     while peers and not main.started and not task.done():  # noqa: ASYNC110 - uvicorn has no event
         await asyncio.sleep(0.05)
     peer_tasks = [asyncio.create_task(p._serve()) for p in peers if main.started]

@@ -12,9 +12,9 @@ from sandbank.agent.loop import RunLimits, run_turn
 from sandbank.agent.model import SystemMessage, ToolResultMessage
 from sandbank.agent.scripted import ScriptedModel, answer, run_python
 from sandbank.interpreter.runs import SandboxWorkbench
+from sandbank.leasing.local import LocalSandboxes
 from sandbank.sandbox.base import ExecResult, PythonCall
 from sandbank.sandbox.sessions import Runtime
-from sandbank.workbench.local import LocalSandboxes
 from tests.agent.fakes import RecordingSink
 from tests.support import data_dir, settings
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from sandbank.config import Settings
-from sandbank.store import Session, open_store
+from sandbank.store import ChatSession, open_store
 from tests.interpreter.fake_llm import FakeLLM
 from tests.interpreter.harness import Server, data_dir, openai_env, running
 from tests.interpreter.test_life import assert_error
@@ -54,10 +54,10 @@ def test_expired_sessions_are_deleted_with_their_files(short_lived: Server) -> N
         assert not any(p.exists() for p in objects)
 
 
-def stored_session(server: Server, sid: str) -> Session:
+def stored_session(server: Server, sid: str) -> ChatSession:
     """Read the session from the database directly (the server is down)."""
 
-    async def read() -> Session:
+    async def read() -> ChatSession:
         store = await open_store(Settings(data_dir=server.data))
         try:
             session = await store.get_session(sid)

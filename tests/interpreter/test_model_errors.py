@@ -6,7 +6,7 @@ import pytest
 
 from sandbank.errors import ModelNotConfigured
 from sandbank.interpreter.runs import Runs
-from sandbank.store import Session
+from sandbank.store import ChatSession
 from tests.support import settings
 
 
@@ -14,7 +14,7 @@ from tests.support import settings
 async def test_each_refusal_raises_a_fresh_error_never_the_stored_one(tmp_path: object) -> None:
     stored = ModelNotConfigured()
     runs = Runs(None, None, None, stored, settings(tmp_path))  # type: ignore[arg-type]
-    session = Session("s", "u", "DONE", None, 0.0, 0.0)
+    session = ChatSession("s", "u", "DONE", None, 0.0, 0.0)
     raised = []
     for _ in range(3):
         with pytest.raises(ModelNotConfigured) as info:

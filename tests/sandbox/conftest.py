@@ -18,7 +18,7 @@ from sandbank.sandbox.backend import INTERPRETERS, Backend
 from sandbank.sandbox.base import BashCall, EditorCall, ExecResult, PythonCall
 from sandbank.sandbox.bwrap import BwrapBackend
 from sandbank.sandbox.fake import FakeBackend
-from sandbank.sandbox.sessions import Runtime, Session
+from sandbank.sandbox.sessions import ExecSession, Runtime
 from sandbank.sandbox.unisolated import UnisolatedBackend
 from tests.support import data_dir, settings
 
@@ -66,7 +66,7 @@ async def runtime(module_data: Path, backend_name: str) -> AsyncIterator[Runtime
 
 
 @pytest.fixture
-async def session(runtime: Runtime) -> AsyncIterator[Session]:
+async def session(runtime: Runtime) -> AsyncIterator[ExecSession]:
     s = await runtime.create("tests")
     try:
         yield s
@@ -77,7 +77,7 @@ async def session(runtime: Runtime) -> AsyncIterator[Session]:
 class Shell:
     """Terse calls against one session."""
 
-    def __init__(self, runtime: Runtime, session: Session) -> None:
+    def __init__(self, runtime: Runtime, session: ExecSession) -> None:
         self.runtime = runtime
         self.session = session
 
@@ -93,5 +93,5 @@ class Shell:
 
 
 @pytest.fixture
-def sb(runtime: Runtime, session: Session) -> Shell:
+def sb(runtime: Runtime, session: ExecSession) -> Shell:
     return Shell(runtime, session)

@@ -17,7 +17,7 @@ from ..http import grouped_routes, untrusted_file_headers
 from ..multipart import FormStream, is_multipart
 from ..sandbox import transfers
 from ..sandbox.base import ExecResult
-from ..sandbox.sessions import Runtime, Session
+from ..sandbox.sessions import ExecSession, Runtime
 from ..sandbox.workspace import media_type
 from . import schemas
 from .auth import TokenAuth
@@ -49,7 +49,7 @@ class ExecApi:
     def _tenant(self, request: Request) -> str:
         return self.auth.tenant(request.headers.get("authorization"))
 
-    def _session(self, request: Request) -> Session:
+    def _session(self, request: Request) -> ExecSession:
         return self.runtime.get(request.path_params["session_id"], self._tenant(request))
 
     async def create_session(self, request: Request) -> Response:
@@ -160,7 +160,7 @@ class ExecApi:
         return JSONResponse({"status": "ok", "pool_ready": self.runtime.pool.ready})
 
 
-def session_handle(session: Session) -> dict[str, Any]:
+def session_handle(session: ExecSession) -> dict[str, Any]:
     return {
         "session_id": session.id,
         "idle_timeout_seconds": session.idle_timeout,

@@ -13,7 +13,7 @@ from sandbank.files import content_type
 from sandbank.http import grouped_routes, untrusted_file_headers
 from sandbank.interpreter import openapi, schemas
 from sandbank.interpreter.identity import Identity
-from sandbank.interpreter.service import Interpreter
+from sandbank.interpreter.service import InterpreterService
 from sandbank.multipart import FormStream, is_multipart
 from sandbank.store import User
 
@@ -25,11 +25,11 @@ class InterpreterApi:
     """Routes over a service that exists once the app has started (its store is async)."""
 
     def __init__(self, max_message_chars: int) -> None:
-        self.service: Interpreter | None = None
+        self.service: InterpreterService | None = None
         self.identity: Identity | None = None
         self.max_message_chars = max_message_chars
 
-    def bind(self, service: Interpreter, identity: Identity) -> None:
+    def bind(self, service: InterpreterService, identity: Identity) -> None:
         self.service, self.identity = service, identity
 
     def routes(self) -> list[Route]:
@@ -50,16 +50,16 @@ class InterpreterApi:
         ]
         return grouped_routes([(path, method, fn) for path, fn, method in r])
 
-    async def _caller(self, request: Request) -> tuple[Interpreter, User]:
+    async def _caller(self, request: Request) -> tuple[InterpreterService, User]:
         if self.service is None or self.identity is None:
             raise AtCapacity("the server is starting", retry_after=2)
         return self.service, await self.identity.user(request)
 
-    async def _in_session(self, request: Request) -> tuple[Interpreter, User, str]:
+    async def _in_session(self, request: Request) -> tuple[InterpreterService, User, str]:
         service, user = await self._caller(request)
         return service, user, schemas.session_id(request.path_params["session_id"])
 
-    async def _service(self) -> Interpreter:
+    async def _service(self) -> InterpreterService:
         if self.service is None:
             raise AtCapacity("the server is starting", retry_after=2)
         return self.service

@@ -36,9 +36,9 @@ from sandbank.errors import (
 )
 from sandbank.files import object_key, validate_stored_name
 from sandbank.interpreter.files import SessionFiles
+from sandbank.leasing import FileEntry, Sandboxes
 from sandbank.sandbox.base import ExecResult, ToolCall
-from sandbank.store import Message, Session, SessionStatus, Store
-from sandbank.workbench import FileEntry, Sandboxes
+from sandbank.store import ChatSession, Message, SessionStatus, Store
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class Runs:
         self._closing = False
 
     # --- starting, cancelling, stopping ------------------------------------------------------
-    async def begin(self, session: Session, content: str) -> Message:
+    async def begin(self, session: ChatSession, content: str) -> Message:
         """Store the question and start its run; refuses before storing anything."""
         if isinstance(self.model, SandbankError):
             # A fresh error each time: raising the stored one would grow its traceback
@@ -196,7 +196,7 @@ class Runs:
     async def _run(
         self,
         model: Model,
-        session: Session,
+        session: ChatSession,
         question: Message,
         history: list[Message],
         cancel: anyio.Event,
@@ -289,7 +289,7 @@ class Runs:
         return {e.path: (e.size, e.modified_at) for e in entries}
 
     async def _harvest(
-        self, session: Session, owner: str, lease: Lease, before: dict[str, tuple[int, float]]
+        self, session: ChatSession, owner: str, lease: Lease, before: dict[str, tuple[int, float]]
     ) -> list[str]:
         """Save files the run created or changed; returns what was not saved, and why."""
         sid = session.id
@@ -314,7 +314,7 @@ class Runs:
                 break
         return skipped
 
-    async def _save(self, session: Session, owner: str, lease: Lease, entry: FileEntry) -> None:
+    async def _save(self, session: ChatSession, owner: str, lease: Lease, entry: FileEntry) -> None:
         name = validate_stored_name(entry.path)
         remaining = await self.files.remaining_quota(session.user_id)
         existing = await self.store.get_file(session.id, name)

@@ -9,7 +9,7 @@ from typing import Any
 
 from sandbank.errors import BadRequest
 from sandbank.files import validate_filename, validate_stored_name
-from sandbank.store import FileRecord, Message, Session
+from sandbank.store import ChatSession, FileRecord, Message
 
 
 def session_id(raw: str) -> str:
@@ -78,7 +78,7 @@ def message_content(raw: bytes, content_type: str, max_chars: int) -> str:
     return content
 
 
-def session_out(session: Session) -> dict[str, Any]:
+def session_out(session: ChatSession) -> dict[str, Any]:
     out: dict[str, Any] = {
         "session_id": session.id,
         "status": session.status,
@@ -98,7 +98,7 @@ def message_out(message: Message) -> dict[str, Any]:
     }
 
 
-def session_with_messages_out(session: Session, messages: list[Message]) -> dict[str, Any]:
+def session_with_messages_out(session: ChatSession, messages: list[Message]) -> dict[str, Any]:
     """GetSession with `include_messages_from`: each message has only the fields the spec's
     own web client builds its messages from (it refuses any other)."""
     brief = [{"timestamp": m.timestamp, "role": m.role, "content": m.content} for m in messages]

@@ -12,12 +12,12 @@ from sandbank.errors import Forbidden, QuotaExceeded, SandbankError, SessionNotF
 from sandbank.files import PresignedPost
 from sandbank.interpreter.files import SessionFiles
 from sandbank.interpreter.runs import Runs
-from sandbank.store import FileRecord, Message, Session, Store, User
+from sandbank.store import ChatSession, FileRecord, Message, Store, User
 
 log = logging.getLogger(__name__)
 
 
-class Interpreter:
+class InterpreterService:
     """The interpreter API's operations for one user, with their limits."""
 
     def __init__(self, store: Store, files: SessionFiles, runs: Runs, settings: Settings) -> None:
@@ -26,7 +26,7 @@ class Interpreter:
         self.runs = runs
         self.settings = settings
 
-    async def _owned(self, user: User, session_id: str) -> Session:
+    async def _owned(self, user: User, session_id: str) -> ChatSession:
         session = await self.store.get_session(session_id)
         if session is None:
             raise SessionNotFound(f"no session {session_id}")
@@ -35,21 +35,21 @@ class Interpreter:
         return session
 
     # --- sessions ------------------------------------------------------------------------------
-    async def create_session(self, user: User) -> Session:
+    async def create_session(self, user: User) -> ChatSession:
         limit = self.settings.max_sessions_per_user
         if await self.store.count_sessions(user.id) >= limit:
             raise QuotaExceeded(f"you have {limit} sessions, the most allowed: delete some first")
         return await self.store.create_session(user.id, self.settings.session_ttl_seconds)
 
-    async def list_sessions(self, user: User) -> list[Session]:
+    async def list_sessions(self, user: User) -> list[ChatSession]:
         return await self.store.list_sessions(user.id)
 
-    async def get_session(self, user: User, session_id: str) -> Session:
+    async def get_session(self, user: User, session_id: str) -> ChatSession:
         return await self._owned(user, session_id)
 
     async def session_with_messages(
         self, user: User, session_id: str, after: float
-    ) -> tuple[Session, list[Message]]:
+    ) -> tuple[ChatSession, list[Message]]:
         """The session, then its non-internal messages after `after` (read in that order, so a
         session seen DONE comes with every message of its run)."""
         session = await self._owned(user, session_id)
@@ -66,7 +66,7 @@ class Interpreter:
         await self.store.delete_session(session_id)
         await self.files.forget(session_id)
 
-    async def cancel(self, user: User, session_id: str) -> Session:
+    async def cancel(self, user: User, session_id: str) -> ChatSession:
         await self._owned(user, session_id)
         await self.runs.cancel(session_id)
         return await self._owned(user, session_id)

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Session:
+class ExecSession:
     """A leased sandbox: its tenant, lifetimes, call ordering and open file transfers."""
 
     id: str
@@ -54,7 +54,7 @@ class Runtime:
         self.settings = settings
         self.backend = backend or backend_for(settings)
         self.pool = WarmPool(self.backend, settings.pool_size, settings.pool_preimport)
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[str, ExecSession] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._reaper: asyncio.Task[None] | None = None
         self._accepting = False
@@ -91,13 +91,13 @@ class Runtime:
 
     async def create(
         self, tenant: str, idle_timeout: int | None = None, max_lifetime: int | None = None
-    ) -> Session:
+    ) -> ExecSession:
         if not self._accepting:
             raise AtCapacity("the server is shutting down", retry_after=30)
         s = self.settings
         self._make_room(tenant)
         sandbox = await self.pool.take()
-        session = Session(
+        session = ExecSession(
             id=secrets.token_urlsafe(18),
             tenant=tenant,
             sandbox=sandbox,
@@ -129,7 +129,7 @@ class Runtime:
                 f"all {s.max_sessions} sessions are busy; retry shortly", retry_after=5
             )
 
-    def _reclaim(self, candidates: list[Session], refusal: str | None) -> bool:
+    def _reclaim(self, candidates: list[ExecSession], refusal: str | None) -> bool:
         idle = [x for x in candidates if x.inflight == 0 and not x.lock.locked()]
         if not idle:
             if refusal is not None:
@@ -140,7 +140,7 @@ class Runtime:
         self._destroy_in_background(victim.id)
         return True
 
-    def get(self, session_id: str, tenant: str) -> Session:
+    def get(self, session_id: str, tenant: str) -> ExecSession:
         session = self._sessions.get(session_id)
         # Another tenant's session does not exist for this caller.
         if session is None or not secrets.compare_digest(session.tenant, tenant):
@@ -148,7 +148,7 @@ class Runtime:
         session.touch()
         return session
 
-    def sessions(self) -> list[Session]:
+    def sessions(self) -> list[ExecSession]:
         return list(self._sessions.values())
 
     async def execute(
@@ -195,7 +195,7 @@ class Runtime:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    async def _close(self, session: Session) -> None:
+    async def _close(self, session: ExecSession) -> None:
         # A client's open download or upload must not keep the workspace's disk busy.
         for open_file in list(session.open_files):
             open_file.close()

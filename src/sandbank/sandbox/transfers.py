@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from ..errors import BadRequest, PayloadTooLarge, Unprocessable
-from .sessions import Session
+from .sessions import ExecSession
 from .workspace import Entry, OpenFile, TransferAborted, Workspace, translate_oserror
 
 CHUNK = 256 * 1024
@@ -38,16 +38,16 @@ class Download:
     chunks: AsyncIterator[bytes]
 
 
-def workspace_of(session: Session, as_owner: bool = False) -> Workspace:
+def workspace_of(session: ExecSession, as_owner: bool = False) -> Workspace:
     sandbox = session.sandbox
     return Workspace(sandbox.workspace, sandbox.uid if as_owner else None)
 
 
-async def list_files(session: Session, path: str, limit: int) -> tuple[list[Entry], bool]:
+async def list_files(session: ExecSession, path: str, limit: int) -> tuple[list[Entry], bool]:
     return await asyncio.to_thread(workspace_of(session).list, path, limit)
 
 
-async def open_download(session: Session, path: str) -> Download:
+async def open_download(session: ExecSession, path: str) -> Download:
     fd, st = await asyncio.to_thread(workspace_of(session).open_file, path)
     handle = OpenFile(fd)
     session.open_files.add(handle)
@@ -55,7 +55,7 @@ async def open_download(session: Session, path: str) -> Download:
     return Download(name, st.st_size, _read(session, handle, st.st_size))
 
 
-async def _read(session: Session, handle: OpenFile, size: int) -> AsyncIterator[bytes]:
+async def _read(session: ExecSession, handle: OpenFile, size: int) -> AsyncIterator[bytes]:
     """At most `size` bytes: a file that grows while it is sent is cut at its announced size."""
     try:
         left = size
@@ -72,10 +72,10 @@ async def _read(session: Session, handle: OpenFile, size: int) -> AsyncIterator[
         handle.close()
 
 
-Parts = AsyncIterator[tuple[str, str | None, AsyncIterator[bytes]]]
+FormParts = AsyncIterator[tuple[str, str | None, AsyncIterator[bytes]]]
 
 
-async def put_file(session: Session, parts: Parts, cap: int) -> tuple[str, int]:
+async def put_file(session: ExecSession, parts: FormParts, cap: int) -> tuple[str, int]:
     """Write the form's `file` part into the workspace at its `path` field (or its own name).
 
     The bytes land under a hidden name first and are moved in place once whole: a refused or
@@ -117,7 +117,9 @@ async def _field(name: str, chunks: AsyncIterator[bytes]) -> str:
     return value.decode("utf-8", "replace")
 
 
-async def _write(session: Session, handle: OpenFile, chunks: AsyncIterator[bytes], cap: int) -> int:
+async def _write(
+    session: ExecSession, handle: OpenFile, chunks: AsyncIterator[bytes], cap: int
+) -> int:
     session.open_files.add(handle)
     size = 0
     try:

@@ -7,11 +7,11 @@ import anyio.to_thread
 from sandbank.config import Settings
 from sandbank.store.base import (
     ApiKey,
+    ChatSession,
     FileRecord,
     Message,
     Origin,
     Role,
-    Session,
     SessionStatus,
     Store,
     User,
@@ -19,11 +19,11 @@ from sandbank.store.base import (
 
 __all__ = [
     "ApiKey",
+    "ChatSession",
     "FileRecord",
     "Message",
     "Origin",
     "Role",
-    "Session",
     "SessionStatus",
     "Store",
     "User",

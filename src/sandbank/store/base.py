@@ -40,7 +40,7 @@ class ApiKey:
 
 
 @dataclass(frozen=True)
-class Session:
+class ChatSession:
     id: str
     user_id: str
     status: SessionStatus
@@ -115,10 +115,10 @@ class Store(Protocol):
     async def authenticate(self, secret: str) -> User | None: ...
 
     # --- sessions ----------------------------------------------------------------------------
-    async def create_session(self, user_id: str, ttl_seconds: float) -> Session: ...
-    async def get_session(self, session_id: str) -> Session | None: ...
+    async def create_session(self, user_id: str, ttl_seconds: float) -> ChatSession: ...
+    async def get_session(self, session_id: str) -> ChatSession | None: ...
 
-    async def list_sessions(self, user_id: str) -> list[Session]:
+    async def list_sessions(self, user_id: str) -> list[ChatSession]:
         """The user's sessions, newest first."""
         ...
 

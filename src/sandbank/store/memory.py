@@ -9,11 +9,11 @@ import uuid
 from sandbank.errors import Conflict, NotFound, SessionNotFound
 from sandbank.store.base import (
     ApiKey,
+    ChatSession,
     FileRecord,
     Message,
     Origin,
     Role,
-    Session,
     SessionStatus,
     User,
     hash_secret,
@@ -32,7 +32,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._users: dict[str, User] = {}  # by id
         self._keys: dict[str, tuple[ApiKey, str]] = {}  # by key id: (key, secret hash)
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[str, ChatSession] = {}
         self._messages: dict[str, list[Message]] = {}
         self._files: dict[tuple[str, str], FileRecord] = {}
 
@@ -97,19 +97,19 @@ class MemoryStore:
         return None
 
     # --- sessions ----------------------------------------------------------------------------
-    async def create_session(self, user_id: str, ttl_seconds: float) -> Session:
+    async def create_session(self, user_id: str, ttl_seconds: float) -> ChatSession:
         if user_id not in self._users:
             raise NotFound(f"no user with id {user_id!r}")
         now = time.time()
-        session = Session(str(uuid.uuid4()), user_id, "DONE", None, now, now + ttl_seconds)
+        session = ChatSession(str(uuid.uuid4()), user_id, "DONE", None, now, now + ttl_seconds)
         self._sessions[session.id] = session
         self._messages[session.id] = []
         return session
 
-    async def get_session(self, session_id: str) -> Session | None:
+    async def get_session(self, session_id: str) -> ChatSession | None:
         return self._sessions.get(session_id)
 
-    async def list_sessions(self, user_id: str) -> list[Session]:
+    async def list_sessions(self, user_id: str) -> list[ChatSession]:
         mine = [s for s in self._sessions.values() if s.user_id == user_id]
         return sorted(mine, key=lambda s: s.created_at, reverse=True)
 
@@ -124,7 +124,7 @@ class MemoryStore:
         self._drop_session(session_id)
         return True
 
-    def _session(self, session_id: str) -> Session:
+    def _session(self, session_id: str) -> ChatSession:
         try:
             return self._sessions[session_id]
         except KeyError:

@@ -16,11 +16,11 @@ from sqlalchemy import exc as sa_exc
 from sandbank.errors import Conflict, NotFound, SandbankError, SessionNotFound
 from sandbank.store.base import (
     ApiKey,
+    ChatSession,
     FileRecord,
     Message,
     Origin,
     Role,
-    Session,
     SessionStatus,
     User,
     hash_secret,
@@ -159,11 +159,11 @@ class SqlStore:
         return None if row is None else _user(row)
 
     # --- sessions ----------------------------------------------------------------------------
-    async def create_session(self, user_id: str, ttl_seconds: float) -> Session:
+    async def create_session(self, user_id: str, ttl_seconds: float) -> ChatSession:
         now = time.time()
-        session = Session(str(uuid.uuid4()), user_id, "DONE", None, now, now + ttl_seconds)
+        session = ChatSession(str(uuid.uuid4()), user_id, "DONE", None, now, now + ttl_seconds)
 
-        def run(conn: Conn) -> Session:
+        def run(conn: Conn) -> ChatSession:
             conn.execute(
                 sa.insert(sessions).values(
                     id=session.id,
@@ -181,11 +181,11 @@ class SqlStore:
         except _Integrity:
             raise NotFound(f"no user with id {user_id!r}") from None
 
-    async def get_session(self, session_id: str) -> Session | None:
+    async def get_session(self, session_id: str) -> ChatSession | None:
         row = await self._read(_one(sa.select(sessions).where(sessions.c.id == session_id)))
         return None if row is None else _session(row)
 
-    async def list_sessions(self, user_id: str) -> list[Session]:
+    async def list_sessions(self, user_id: str) -> list[ChatSession]:
         query = (
             sa.select(sessions)
             .where(sessions.c.user_id == user_id)
@@ -378,9 +378,9 @@ def _user(row: sa.Row[Any]) -> User:
     return User(row.id, row.name, row.created_at)
 
 
-def _session(row: sa.Row[Any]) -> Session:
+def _session(row: sa.Row[Any]) -> ChatSession:
     status = cast(SessionStatus, row.status)
-    return Session(row.id, row.user_id, status, row.status_message, row.created_at, row.ttl)
+    return ChatSession(row.id, row.user_id, status, row.status_message, row.created_at, row.ttl)
 
 
 def _file(row: sa.Row[Any]) -> FileRecord:

@@ -9,8 +9,8 @@ import pytest
 
 from sandbank.config import Settings
 from sandbank.errors import AtCapacity, SandboxError, SessionNotFound
+from sandbank.leasing.remote import RemoteSandboxes, to_request
 from sandbank.sandbox.base import BashCall, EditorCall, PythonCall
-from sandbank.workbench.remote import RemoteSandboxes, to_request
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from sandbank.errors import ProtocolError
+from sandbank.leasing.remote import RemoteSandboxes
 from sandbank.sandbox.base import PythonCall
-from sandbank.workbench.remote import RemoteSandboxes
 from tests.support import settings
 
 pytestmark = pytest.mark.anyio

@@ -20,8 +20,8 @@ from sandbank.errors import (
     SandboxError,
     SessionNotFound,
 )
+from sandbank.leasing.base import MAX_WALK_ENTRIES, FileEntry, visible
 from sandbank.sandbox.base import BashCall, EditorCall, ExecResult, PythonCall, ToolCall
-from sandbank.workbench.base import MAX_WALK_ENTRIES, FileEntry, visible
 
 log = logging.getLogger(__name__)
 # The backend answers a call at its deadline; this much more covers the trip and its restart.

@@ -11,11 +11,11 @@ import anyio.to_thread
 
 from sandbank.config import Settings
 from sandbank.errors import NotFound, PathEscape, PayloadTooLarge, SessionNotFound
+from sandbank.leasing.base import MAX_WALK_ENTRIES, FileEntry, visible
 from sandbank.sandbox.base import ExecResult, ToolCall
 from sandbank.sandbox.managed import restore_root
 from sandbank.sandbox.sessions import Runtime
 from sandbank.sandbox.workspace import Workspace
-from sandbank.workbench.base import MAX_WALK_ENTRIES, FileEntry, visible
 
 CHUNK = 256 * 1024
 # The workspace root belongs to root with the sandbox's group allowed to write and the sticky

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from sandbank.config import Settings
+from sandbank.leasing.base import FileEntry, Sandboxes
 from sandbank.sandbox.sessions import Runtime
-from sandbank.workbench.base import FileEntry, Sandboxes
 
 __all__ = ["FileEntry", "Sandboxes", "open_sandboxes"]
 
@@ -12,9 +12,9 @@ __all__ = ["FileEntry", "Sandboxes", "open_sandboxes"]
 def open_sandboxes(settings: Settings, runtime: Runtime) -> Sandboxes:
     """The remote client when `sandbox_url` is set, else this server's runtime in-process."""
     if settings.sandbox_url:
-        from sandbank.workbench.remote import RemoteSandboxes
+        from sandbank.leasing.remote import RemoteSandboxes
 
         return RemoteSandboxes(settings)
-    from sandbank.workbench.local import LocalSandboxes
+    from sandbank.leasing.local import LocalSandboxes
 
     return LocalSandboxes(runtime, settings)
