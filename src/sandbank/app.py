@@ -36,6 +36,7 @@ from .workbench import Sandboxes, open_sandboxes
 
 log = logging.getLogger("sandbank")
 RESTARTED = "interrupted by a server restart"
+UNAVAILABLE = "the assistant is not available; ask the administrator"
 
 
 def is_loopback(host: str) -> bool:
@@ -66,8 +67,9 @@ def build_model(settings: Settings) -> Model | SandbankError:
     try:
         return model_from_settings(settings)
     except (ModelNotConfigured, ModelEndpointRefused) as e:
+        # The details are the operator's (variables, providers); users see a plain sentence.
         log.warning("the agent is off: %s", e.message)
-        return e
+        return type(e)(UNAVAILABLE)
 
 
 class Parts:
