@@ -25,7 +25,7 @@ USER_NAME = re.compile(r"[^\s/\\\x00-\x1f\x7f]{1,128}")
 TITLE_CHARS = 48
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def _settings(args: argparse.Namespace, uses_data_dir: bool = True) -> Settings:
     """The settings, command-line values first; warns about unknown `SANDBANK_*` variables."""
     overrides: dict[str, Any] = {}
     for key in ("host", "port", "data_dir"):
@@ -35,7 +35,8 @@ def _settings(args: argparse.Namespace) -> Settings:
     for warning in unknown_variables():
         print(f"sandbank: warning: {warning}", file=sys.stderr)
     settings = load_settings(**overrides)
-    if getattr(args, "data_dir", None) is None and "SANDBANK_DATA_DIR" not in os.environ:
+    implicit = getattr(args, "data_dir", None) is None and "SANDBANK_DATA_DIR" not in os.environ
+    if uses_data_dir and implicit:
         print(
             f"sandbank: warning: no --data-dir or SANDBANK_DATA_DIR given: using "
             f"{os.path.abspath(settings.data_dir)}",
@@ -220,7 +221,7 @@ def sessions_list(args: argparse.Namespace) -> int:
 def exec_(args: argparse.Namespace) -> int:
     from .remote import run_in_sandbox
 
-    settings = _settings(args)
+    settings = _settings(args, uses_data_dir=False)
     if args.code is not None:
         tool, text = "code_execution", args.code
     elif args.bash is not None:

@@ -175,6 +175,8 @@ def check_database(settings: Settings) -> str:
         engines = create_engines(url)
     except SandbankError as error:
         raise Failed(f"{kind}: {error.message}", "fix SANDBANK_DATABASE_URL") from None
+    except OSError as error:
+        raise Failed(f"{kind}: {error}", "fix SANDBANK_DATABASE_URL or the data dir") from None
     try:
         with engines.reader.connect() as conn:
             current = MigrationContext.configure(conn).get_current_revision()
@@ -209,6 +211,8 @@ async def check_storage(settings: Settings) -> str:
         objects = await open_object_store(settings)
     except SandbankError as error:
         raise Failed(f"{kind}: {error.message}", "fix SANDBANK_STORAGE_URL") from None
+    except OSError as error:
+        raise Failed(f"{kind}: {error}", "fix SANDBANK_STORAGE_URL or the data dir") from None
     try:
         await objects.put(key, io.BytesIO(payload), len(payload))
         back = b"".join([chunk async for chunk in await objects.open(key)])
@@ -335,6 +339,8 @@ async def _run(settings: Settings, model: bool, out: TextIO) -> list[Outcome]:
             outcome = Outcome(name, "FAIL", f.detail, f.fix)
         except SandbankError as e:
             outcome = Outcome(name, "FAIL", e.message)
+        except Exception as e:
+            outcome = Outcome(name, "FAIL", f"{type(e).__name__}: {e}")
         outcomes.append(outcome)
         print(f"{outcome.status:<4}  {name:<13}  {outcome.detail}", file=out, flush=True)
         if outcome.fix:
