@@ -1,4 +1,4 @@
-"""The web UI's routes: the page at `/`, its files under `/ui/`, with a strict CSP."""
+"""The web UI's routes: the page at `/`, the API reference at `/docs`, files under `/ui/`."""
 
 from __future__ import annotations
 
@@ -73,6 +73,9 @@ def site(settings: Settings) -> list[BaseRoute]:
         return FileResponse(STATIC / "index.html", headers=headers)
 
     proxies = parse_networks(settings.trusted_proxies)
+    # The OpenAPI documents served on this listener, for the reference page.
+    documents = ["openapi.json"] if settings.exec_api == "on" else []
+    documents.append("api/openapi.json")
     header = settings.trusted_user_header.strip()
 
     async def config(request: Request) -> Response:
@@ -80,12 +83,20 @@ def site(settings: Settings) -> list[BaseRoute]:
         provokes a 403 to find out), and the sessions' time to live (creation = ttl - it)."""
         client = request.client.host if request.client else None
         proxied = bool(header and request.headers.get(header) and is_trusted(client, proxies))
-        body = {"sign_in": not proxied, "session_ttl_seconds": settings.session_ttl_seconds}
+        body = {
+            "sign_in": not proxied,
+            "session_ttl_seconds": settings.session_ttl_seconds,
+            "documents": documents,
+        }
         return JSONResponse(body, headers=headers)
+
+    async def reference(request: Request) -> Response:
+        return FileResponse(STATIC / "reference.html", headers=headers)
 
     files = SecurityHeaders(StaticFiles(directory=STATIC), headers)
     return [
         Route("/", page, methods=["GET", "HEAD"]),
         Route("/ui/config.json", config, methods=["GET"]),
+        Route("/docs", reference, methods=["GET", "HEAD"]),
         Mount("/ui", app=files, name="web"),
     ]
