@@ -15,7 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from .agent.anyllm import AnyLLMModel, model_from_settings
+from .access import AccessMiddleware
+from .agent.anyllm import model_from_settings
 from .agent.model import Model
 from .config import Settings
 from .errors import ModelEndpointRefused, ModelNotConfigured, SandbankError
@@ -29,7 +30,7 @@ from .interpreter.identity import Identity
 from .interpreter.routes import InterpreterApi
 from .interpreter.runs import Runs
 from .interpreter.service import Interpreter
-from .sandbox.sessions import Runtime
+from .metrics import MeteredModel, MeteredRuntime, Metrics, endpoint
 from .store import Store, open_store
 from .web import site
 from .workbench import Sandboxes, open_sandboxes
@@ -77,10 +78,12 @@ class Parts:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.runtime = Runtime(settings)
+        self.metrics = Metrics()
+        self.runtime = MeteredRuntime(settings, self.metrics)
         tokens = load_tokens(settings)
         check_exposure(settings, tokens)
-        self.exec_api = ExecApi(self.runtime, TokenAuth(tokens))
+        self.auth = TokenAuth(tokens)
+        self.exec_api = ExecApi(self.runtime, self.auth)
         self.interpreter_api = InterpreterApi(settings.message_max_chars)
         # Opened in `start` (they need the event loop):
         self.store: Store | None = None
@@ -105,7 +108,10 @@ class Parts:
         self.objects = objects = await open_object_store(s)
         self.sandboxes = sandboxes = open_sandboxes(s, self.runtime)
         await sandboxes.start()
-        self.model = build_model(s)
+        model = build_model(s)
+        self.model = (
+            model if isinstance(model, SandbankError) else MeteredModel(model, self.metrics)
+        )
         files = SessionFiles(store, objects, s)
         runs = Runs(store, files, sandboxes, self.model, s)
         self.interpreter = Interpreter(store, files, runs, s)
@@ -131,7 +137,7 @@ class Parts:
                 await self._expiry
         if self.sandboxes is not None:
             await self.sandboxes.close()
-        if isinstance(self.model, AnyLLMModel):
+        if isinstance(self.model, MeteredModel):
             await self.model.aclose()
         if self.objects is not None:
             await self.objects.close()
@@ -169,6 +175,7 @@ def create_app(settings: Settings) -> Starlette:
         routes.append(Route("/health", parts.exec_api.health, methods=["GET"]))
     if settings.web_ui == "on" and settings.interpreter_api == "on":
         routes += site(settings)
+    routes.append(Route("/metrics", endpoint(parts.metrics, parts.auth), methods=["GET"]))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -180,7 +187,10 @@ def create_app(settings: Settings) -> Starlette:
 
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(HostAllowList, allowed=settings.allowed_hosts.split(","))],
+        middleware=[
+            Middleware(AccessMiddleware, metrics=parts.metrics),
+            Middleware(HostAllowList, allowed=settings.allowed_hosts.split(",")),
+        ],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )
@@ -191,8 +201,15 @@ def create_app(settings: Settings) -> Starlette:
 def create_exec_app(parts: Parts, settings: Settings) -> Starlette:
     """The code-execution API alone, for a listener of its own over the main app's parts."""
     return Starlette(
-        routes=[*parts.exec_api.routes(), Route("/openapi.json", _openapi, methods=["GET"])],
-        middleware=[Middleware(HostAllowList, allowed=settings.allowed_hosts.split(","))],
+        routes=[
+            *parts.exec_api.routes(),
+            Route("/openapi.json", _openapi, methods=["GET"]),
+            Route("/metrics", endpoint(parts.metrics, parts.auth), methods=["GET"]),
+        ],
+        middleware=[
+            Middleware(AccessMiddleware, metrics=parts.metrics),
+            Middleware(HostAllowList, allowed=settings.allowed_hosts.split(",")),
+        ],
         exception_handlers=EXCEPTION_HANDLERS,
     )
 
