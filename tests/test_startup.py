@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandbank.config import ConfigError, Settings, load_settings, unknown_variables
-from sandbank.startup import check_data_dir, check_model, summary
+from sandbank.startup import check, check_data_dir, check_model, summary
 from tests.support import data_dir
 
 SANDBANK = str(Path(sys.executable).with_name("sandbank"))
@@ -216,3 +216,24 @@ def test_the_summary_names_the_parts_and_no_secret() -> None:
         "pool size 3",
     ):
         assert part in line
+
+
+def test_a_missing_runtime_stops_serve_before_it_listens() -> None:
+    with data_dir() as data:
+        done = sandbank(
+            "serve", "--data-dir", str(data), env={"SANDBANK_RUNTIME_DIR": "/nonexistent-rt"}
+        )
+    assert done.returncode == 2
+    assert done.stderr == (
+        "sandbank: the sandbox runtime is missing at /nonexistent-rt: run `make install` or set "
+        "SANDBANK_RUNTIME_DIR\n"
+    )
+
+
+def test_an_unreadable_tokens_file_is_one_line() -> None:
+    with data_dir() as data, pytest.raises(ConfigError) as caught:
+        check(Settings(data_dir=data, exec_tokens_file=data / "missing"))
+    assert caught.value.message == (
+        f"SANDBANK_EXEC_TOKENS_FILE={data}/missing cannot be read (No such file or directory): "
+        "expected a readable file of tokens, one per line"
+    )

@@ -90,10 +90,37 @@ def check_model(settings: Settings) -> None:
         )
 
 
+def check_tokens(settings: Settings) -> None:
+    from .execapi.auth import load_tokens
+
+    try:
+        load_tokens(settings)
+    except OSError as error:
+        raise ConfigError(
+            f"SANDBANK_EXEC_TOKENS_FILE={settings.exec_tokens_file} cannot be read "
+            f"({error.strerror}): expected a readable file of tokens, one per line"
+        ) from None
+
+
+def check_isolation(settings: Settings) -> None:
+    """bubblewrap, cgroups, root, the runtime image: before listening, not in a traceback."""
+    if settings.isolation != "bwrap":
+        return  # the unisolated mode warns loudly when the runtime starts
+    from .errors import SandboxError
+    from .sandbox.factory import SandboxFactory
+
+    try:
+        SandboxFactory(settings).check()
+    except SandboxError as error:
+        raise ConfigError(error.message) from None
+
+
 def check(settings: Settings) -> None:
     """Everything checked before `serve` builds anything."""
     check_model(settings)
     check_data_dir(settings)
+    check_tokens(settings)
+    check_isolation(settings)
 
 
 def database_kind(settings: Settings) -> str:
