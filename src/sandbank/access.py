@@ -11,12 +11,14 @@ from starlette.datastructures import MutableHeaders
 from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .logs import request_id
+from .logs import request_id, session_id
 from .metrics import Metrics
 
 log = logging.getLogger("sandbank.access")
 # A client's own id is kept when it is short and plain; anything else is replaced.
 CLIENT_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# Both APIs name the session in the path: /sessions/{id}/... and /api/sessions/{id}/...
+SESSION_PATH = re.compile(r"^(?:/api)?/sessions/([A-Za-z0-9_-]{1,64})(?:/|$)")
 
 
 def route_of(scope: Scope, root: str) -> str:
@@ -42,6 +44,8 @@ class AccessMiddleware:
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
         rid = given if CLIENT_ID.fullmatch(given) else secrets.token_hex(8)
         token = request_id.set(rid)
+        named = SESSION_PATH.match(str(scope["path"]))
+        session_token = session_id.set(named.group(1) if named else "-")
         root = str(scope.get("root_path", ""))
         started = time.monotonic()
         status = 500  # if nothing was sent, the server failed
@@ -69,4 +73,5 @@ class AccessMiddleware:
                 status,
                 (time.monotonic() - started) * 1000,
             )
+            session_id.reset(session_token)
             request_id.reset(token)

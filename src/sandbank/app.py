@@ -109,8 +109,11 @@ class Parts:
         self.sandboxes = sandboxes = open_sandboxes(s, self.runtime)
         await sandboxes.start()
         model = build_model(s)
+        endpoint = f"{s.llm_model} at {s.llm_base_url or 'the provider endpoint'}"
         self.model = (
-            model if isinstance(model, SandbankError) else MeteredModel(model, self.metrics)
+            model
+            if isinstance(model, SandbankError)
+            else MeteredModel(model, self.metrics, endpoint)
         )
         files = SessionFiles(store, objects, s)
         runs = Runs(store, files, sandboxes, self.model, s)

@@ -1,4 +1,4 @@
-"""Logging: readable text or JSON lines, each carrying the request id of the request it serves."""
+"""Logging: readable text or JSON lines, each with the request (and session) it serves."""
 
 from __future__ import annotations
 
@@ -13,15 +13,19 @@ from .config import Settings
 
 # Set by the access middleware for the duration of a request; "-" outside one.
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+session_id: contextvars.ContextVar[str] = contextvars.ContextVar("session_id", default="-")
 
-TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(context)s]: %(message)s"
 # Libraries that talk at INFO about things an operator need not see every start.
 QUIET = ("alembic",)
 
 
 class RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = request_id.get()
+        rid, sid = request_id.get(), session_id.get()
+        record.request_id = rid
+        record.session_id = sid
+        record.context = rid if sid == "-" else f"{rid} {sid}"
         return True
 
 
@@ -35,6 +39,9 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             "request_id": getattr(record, "request_id", "-"),
         }
+        sid = getattr(record, "session_id", "-")
+        if sid != "-":
+            item["session_id"] = sid
         if record.exc_info:
             item["exception"] = self.formatException(record.exc_info)
         return json.dumps(item, ensure_ascii=False)

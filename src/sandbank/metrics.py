@@ -8,6 +8,7 @@ Labels are fixed vocabularies (route templates, tool names, outcomes), never ids
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from .config import Settings
     from .execapi.auth import TokenAuth
 
+log = logging.getLogger("sandbank.model")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 600)
 
 
@@ -165,18 +167,21 @@ class MeteredRuntime(Runtime):
 
 
 class MeteredModel:
-    """A `Model` that counts the requests, tokens and latency of the one it wraps."""
+    """A `Model` that counts the requests, tokens and latency of the one it wraps, and logs
+    each failure with the provider and endpoint (the operator's details; users see less)."""
 
-    def __init__(self, model: Model, metrics: Metrics) -> None:
+    def __init__(self, model: Model, metrics: Metrics, endpoint: str = "") -> None:
         self.model = model
         self.metrics = metrics
+        self.endpoint = endpoint
 
     async def complete(self, messages: list[ChatMessage], tools: list[ToolSpec]) -> ModelReply:
         started = time.monotonic()
         try:
             reply = await self.model.complete(messages, tools)
-        except AgentError:
+        except AgentError as error:
             self.metrics.model_calls.labels("error").inc()
+            log.warning("model request failed (%s): %s", self.endpoint, error.message)
             raise
         finally:
             self.metrics.model_seconds.observe(time.monotonic() - started)
