@@ -19,7 +19,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     with data_dir() as d:
-        srv = Server(d, max_sessions=1, exec_tokens=TOKEN).start()
+        srv = Server(d, max_sessions=1, exec_tokens=TOKEN, output_limit_bytes=1024).start()
         try:
             yield srv
         finally:
@@ -117,3 +117,13 @@ def test_a_refused_lease_is_counted(server: Server) -> None:
     assert refused.status_code == 503, refused.text
     assert codes == [0]
     assert sample(server, "sandbank_capacity_refusals_total") == before + 1
+
+
+def test_a_cut_output_is_counted(server: Server) -> None:
+    before = sample(server, "sandbank_output_truncations_total", stream="stdout")
+    with server.client(headers=AUTH) as client:
+        sid = client.post("/sessions", json={}).json()["session_id"]
+        assert run(client, sid, "print('x' * 5000)") == 0
+        assert run(client, sid, "print('short')") == 0
+        client.delete(f"/sessions/{sid}")
+    assert sample(server, "sandbank_output_truncations_total", stream="stdout") == before + 1

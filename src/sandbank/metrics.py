@@ -9,6 +9,7 @@ Labels are fixed vocabularies (route templates, tool names, outcomes), never ids
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from .execapi.auth import TokenAuth
 
 log = logging.getLogger("sandbank.model")
+# What the worker appends to a stream it cut (sandbox/inside/worker.py).
+TRUNCATED = re.compile(r"\n\[output truncated: \d+ more bytes not shown\]\n$")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 600)
 
 
@@ -107,6 +110,12 @@ class Metrics:
             ["tool", "outcome"],
             registry=r,
         )
+        self.truncations = Counter(
+            "sandbank_output_truncations",
+            "Tool calls whose output was cut at SANDBANK_OUTPUT_LIMIT_BYTES, by stream.",
+            ["stream"],
+            registry=r,
+        )
         self.model_calls = Counter(
             "sandbank_model_calls", "Requests to the model, by outcome.", ["outcome"], registry=r
         )
@@ -159,6 +168,9 @@ class MeteredRuntime(Runtime):
         tool = tool_name(call)
         self.metrics.exec_seconds.labels(tool).observe(time.monotonic() - started)
         self.metrics.exec_results.labels(tool, outcome_of(result)).inc()
+        for stream, text in (("stdout", result.stdout), ("stderr", result.stderr)):
+            if TRUNCATED.search(text[-200:]):
+                self.metrics.truncations.labels(stream).inc()
         return result
 
     async def destroy(self, session_id: str, tenant: str) -> None:
