@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
 from .access import AccessMiddleware
+from .admin import sessions_endpoint
 from .agent.anyllm import model_from_settings
 from .agent.model import Model
 from .config import Settings
@@ -179,6 +180,9 @@ def create_app(settings: Settings) -> Starlette:
     if settings.web_ui == "on" and settings.interpreter_api == "on":
         routes += site(settings)
     routes.append(Route("/metrics", endpoint(parts.metrics, parts.auth), methods=["GET"]))
+    routes.append(
+        Route("/admin/sessions", sessions_endpoint(parts.runtime, settings), methods=["GET"])
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -191,7 +191,28 @@ def title_of(question: str) -> str:
     return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 1].rstrip() + "…"
 
 
+def exec_sessions_list(args: argparse.Namespace) -> int:
+    from .remote import exec_sessions
+
+    settings = _settings(args, uses_data_dir=False)
+    rows = [
+        [
+            s["session"] + "…",
+            s["tenant"],
+            _when(s["created_at"]),
+            s["state"],
+            f"{s['idle_seconds']:g} s",
+        ]
+        for s in exec_sessions(settings, args.url, args.token)
+    ]
+    _table(["SESSION", "TENANT", "CREATED", "STATE", "IDLE"], rows)
+    return 0
+
+
 def sessions_list(args: argparse.Namespace) -> int:
+    if args.exec:
+        return exec_sessions_list(args)
+
     async def action(store: Store, settings: Settings) -> None:
         rows = []
         for name, user_id, _ in await _users(store):
@@ -314,13 +335,17 @@ def _parser() -> argparse.ArgumentParser:
     admin(keys, "list", "list keys (never secrets)", keys_list).add_argument("name", nargs="?")
     admin(keys, "revoke", "revoke a key by id", keys_revoke).add_argument("key_id")
     sessions = sub.add_parser(
-        "sessions",
-        help="interpreter sessions (code-execution sessions live in a server's memory, "
-        "one tenant per token, and are not listed)",
+        "sessions", help="interpreter sessions, or a running server's code-execution sessions"
     ).add_subparsers(dest="action", required=True)
-    admin(sessions, "list", "list interpreter sessions, newest first", sessions_list).add_argument(
-        "name", nargs="?", help="only this user's"
+    listing = admin(sessions, "list", "list sessions, newest first", sessions_list)
+    listing.add_argument("name", nargs="?", help="only this user's (interpreter sessions)")
+    listing.add_argument(
+        "--exec",
+        action="store_true",
+        help="the code-execution sessions a running server holds (needs SANDBANK_ADMIN_TOKEN)",
     )
+    listing.add_argument("--url", help="the server (default http://SANDBANK_HOST:PORT)")
+    listing.add_argument("--token", help="its admin token (default SANDBANK_ADMIN_TOKEN)")
     return parser
 
 

@@ -151,6 +151,12 @@ class Settings(BaseSettings):
     exec_tokens_file: Path | None = Field(
         None, description="A file of bearer tokens, one per line (added to `exec_tokens`)."
     )
+    admin_token: SecretStr = Field(
+        SecretStr(""),
+        description="Bearer token for the operator's endpoint `GET /admin/sessions` (the "
+        "code-execution sessions this server holds; `sandbank sessions list --exec`); empty "
+        "turns it off.",
+    )
     allowed_hosts: str = Field(
         "localhost,127.0.0.1,[::1]",
         description="Comma-separated Host header values accepted (DNS-rebinding guard); "

@@ -92,3 +92,22 @@ def run_in_sandbox(
     if created and keep:
         print(f"[session] {session}", file=sys.stderr)
     return int(content["return_code"])
+
+
+def exec_sessions(settings: Settings, url: str | None, token: str | None) -> list[dict[str, Any]]:
+    """The code-execution sessions a running server holds (its admin endpoint)."""
+    base = (url or default_url(settings)).rstrip("/")
+    token = token or settings.admin_token.get_secret_value()
+    if not token:
+        raise SandbankError(
+            "listing a server's code-execution sessions needs its admin token: set "
+            "SANDBANK_ADMIN_TOKEN (on the server and here) or pass --token"
+        )
+    try:
+        response = httpx.get(
+            f"{base}/admin/sessions", headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
+    except httpx.HTTPError as error:
+        raise SandbankError(f"cannot reach the server at {base}: {error}") from None
+    sessions: list[dict[str, Any]] = _check(response, "listing sessions")["sessions"]
+    return sessions

@@ -6,15 +6,18 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from tests.interpreter.fake_llm import FakeLLM
 from tests.interpreter.harness import SANDBANK, Server, openai_env, running
 
+ADMIN = "admin-token-for-tests"
+
 
 @pytest.fixture(scope="module")
 def server(llm: FakeLLM) -> Iterator[Server]:
-    with running(openai_env(llm.url)) as s:
+    with running({**openai_env(llm.url), "SANDBANK_ADMIN_TOKEN": ADMIN}) as s:
         yield s
 
 
@@ -90,3 +93,30 @@ def test_exec_says_when_the_server_cannot_be_reached(server: Server) -> None:
     done = sandbank(server, "exec", "--url", "http://127.0.0.1:9", "-c", "1")
     assert done.returncode == 1
     assert done.stderr.startswith("sandbank: cannot reach the server at http://127.0.0.1:9")
+
+
+def test_a_servers_exec_sessions_are_listed_with_the_admin_token(server: Server) -> None:
+    sid = httpx.post(server.url + "/sessions", json={}).json()["session_id"]
+    try:
+        assert httpx.get(server.url + "/admin/sessions").status_code == 401
+        wrong = {"Authorization": "Bearer nope"}
+        assert httpx.get(server.url + "/admin/sessions", headers=wrong).status_code == 401
+        done = sandbank(server, "sessions", "list", "--exec", "--url", server.url)
+        assert done.returncode == 0, done.stderr
+        header, *rows = done.stdout.splitlines()
+        assert header.split() == ["SESSION", "TENANT", "CREATED", "STATE", "IDLE"]
+        mine = [r for r in rows if r.startswith(sid[:8] + "…")]
+        assert len(mine) == 1 and " idle " in mine[0]
+        assert sid not in done.stdout  # a prefix only: the listing grants no access
+    finally:
+        httpx.delete(f"{server.url}/sessions/{sid}")
+    env = {k: v for k, v in server.env.items() if k != "SANDBANK_ADMIN_TOKEN"}
+    refused = subprocess.run(
+        [SANDBANK, "sessions", "list", "--exec", "--url", server.url],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1
+    assert "needs its admin token" in refused.stderr
