@@ -13,6 +13,7 @@ from tests.interpreter.harness import openai_env, running
 EXEC_TOKEN = "canary-exec-token-5f1e"
 LLM_KEY = "canary-llm-key-77a0"
 SIGNING_KEY = "canary-signing-key-0c3b"
+ADMIN_TOKEN = "canary-admin-token-9d2e"
 
 
 def test_json_logs_carry_request_ids_and_no_secret(llm: FakeLLM) -> None:
@@ -21,6 +22,7 @@ def test_json_logs_carry_request_ids_and_no_secret(llm: FakeLLM) -> None:
         "SANDBANK_LLM_API_KEY": LLM_KEY,
         "SANDBANK_EXEC_TOKENS": EXEC_TOKEN,
         "SANDBANK_SIGNING_KEY": SIGNING_KEY,
+        "SANDBANK_ADMIN_TOKEN": ADMIN_TOKEN,
         "SANDBANK_LOG_LEVEL": "debug",
         "SANDBANK_LOG_FORMAT": "json",
     }
@@ -32,13 +34,18 @@ def test_json_logs_carry_request_ids_and_no_secret(llm: FakeLLM) -> None:
             assert user.wait(sid)["status"] == "DONE"
             link = user.ok("GET", f"/api/sessions/{sid}/files/download?filename=data.csv")
             assert httpx.get(link["url"]).status_code == 200
-            secrets_used = [user.key, EXEC_TOKEN, LLM_KEY, SIGNING_KEY, link["url"].split("=")[-1]]
+            secrets_used = [
+                *(user.key, EXEC_TOKEN, LLM_KEY, SIGNING_KEY, ADMIN_TOKEN),
+                link["url"].split("=")[-1],  # the download URL's signature
+            ]
         auth = {"Authorization": f"Bearer {EXEC_TOKEN}"}
         with httpx.Client(base_url=server.url, headers=auth) as client:
             created = client.post("/sessions", json={}, headers={"X-Request-ID": "trace-me-1"})
             assert created.headers["x-request-id"] == "trace-me-1"
             assert httpx.get(server.url + "/sessions", headers={"Authorization": "Bearer no"})
             metrics = client.get("/metrics").text
+            admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            assert client.get("/admin/sessions", headers=admin).status_code == 200
         assert 'sandbank_model_calls_total{outcome="ok"}' in metrics
         assert 'sandbank_model_tokens_total{direction="in"}' in metrics
         log = server.log.read_text()
