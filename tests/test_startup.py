@@ -40,6 +40,10 @@ def sandbank(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
             "'info', 'warning' or 'error'",
         ),
         (
+            {"SANDBANK_PORT": "80800"},
+            "sandbank: SANDBANK_PORT=80800 is not valid: expected a number <= 65535",
+        ),
+        (
             {"SANDBANK_CPU_LIMIT": "0"},
             "sandbank: SANDBANK_CPU_LIMIT=0 is not valid: expected a number > 0",
         ),
@@ -199,7 +203,7 @@ def test_the_summary_names_the_parts_and_no_secret() -> None:
         storage_url="s3://bucket/prefix",
         s3_secret_access_key="s3-secret-canary",
         llm_model="openai:gpt-4.1-mini",
-        llm_base_url="http://127.0.0.1:8000/v1",
+        llm_base_url="http://me:url-secret-canary@127.0.0.1:8000/v1",
         llm_api_key="llm-key-canary",
         exec_tokens="exec-token-canary",
         pool_size=3,

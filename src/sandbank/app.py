@@ -32,6 +32,7 @@ from .interpreter.routes import InterpreterApi
 from .interpreter.runs import Runs
 from .interpreter.service import Interpreter
 from .metrics import MeteredModel, MeteredRuntime, Metrics, endpoint
+from .startup import without_credentials
 from .store import Store, open_store
 from .web import site
 from .workbench import Sandboxes, open_sandboxes
@@ -110,7 +111,7 @@ class Parts:
         self.sandboxes = sandboxes = open_sandboxes(s, self.runtime)
         await sandboxes.start()
         model = build_model(s)
-        endpoint = f"{s.llm_model} at {s.llm_base_url or 'the provider endpoint'}"
+        endpoint = f"{s.llm_model} at {without_credentials(s.llm_base_url) or 'its provider'}"
         self.model = (
             model
             if isinstance(model, SandbankError)

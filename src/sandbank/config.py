@@ -46,7 +46,7 @@ class Settings(BaseSettings):
 
     # --- server ---------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address `sandbank serve` listens on.")
-    port: int = Field(8080, description="Port `sandbank serve` listens on.")
+    port: int = Field(8080, ge=0, le=65535, description="Port `sandbank serve` listens on.")
     data_dir: Path = Field(
         Path("./sandbank-data"),
         description="Where state lives: database, uploaded files, sandbox workspaces, keys.",
@@ -141,7 +141,10 @@ class Settings(BaseSettings):
         "127.0.0.1", description="Address of the code-execution API's own listener (`separate`)."
     )
     exec_api_port: int = Field(
-        8081, description="Port of the code-execution API's own listener (`separate`)."
+        8081,
+        ge=0,
+        le=65535,
+        description="Port of the code-execution API's own listener (`separate`).",
     )
     exec_tokens: SecretStr = Field(
         SecretStr(""),

@@ -144,9 +144,20 @@ def storage_kind(settings: Settings) -> str:
     if not url:
         return f"local ({Path(os.path.abspath(settings.data_dir)) / 'objects'})"
     if url.startswith("s3://"):
-        endpoint = settings.s3_endpoint_url or "AWS"
+        endpoint = without_credentials(settings.s3_endpoint_url) or "AWS"
         return f"s3 ({url}, endpoint {endpoint})"
     return urlsplit(url).scheme or url
+
+
+def without_credentials(url: str) -> str:
+    """A URL fit for a log line: any `user:password@` is dropped."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    return parts._replace(netloc=host).geturl()
 
 
 def summary(settings: Settings) -> str:
@@ -157,7 +168,7 @@ def summary(settings: Settings) -> str:
         address += f" (code-execution API on http://{s.exec_api_host}:{s.exec_api_port})"
     model = s.llm_model or "off"
     if s.llm_model and s.llm_base_url:
-        model += f" at {s.llm_base_url}"
+        model += f" at {without_credentials(s.llm_base_url)}"
     return (
         f"sandbank {version()} on {address}; isolation {s.isolation}; data dir "
         f"{os.path.abspath(s.data_dir)}; database {database_kind(s)}; storage "
