@@ -35,8 +35,7 @@ def _settings(args: argparse.Namespace, uses_data_dir: bool = True) -> Settings:
     for warning in unknown_variables():
         print(f"sandbank: warning: {warning}", file=sys.stderr)
     settings = load_settings(**overrides)
-    implicit = getattr(args, "data_dir", None) is None and "SANDBANK_DATA_DIR" not in os.environ
-    if uses_data_dir and implicit:
+    if uses_data_dir and "data_dir" not in settings.model_fields_set:
         print(
             f"sandbank: warning: no --data-dir or SANDBANK_DATA_DIR given: using "
             f"{os.path.abspath(settings.data_dir)}",
@@ -305,7 +304,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--token",
-        help="bearer token (default: $SANDBANK_TOKEN, else the first of SANDBANK_EXEC_TOKENS)",
+        help="bearer token (default: the first of SANDBANK_EXEC_TOKENS)",
     )
     p.add_argument("--session", help="run in this existing session (it is kept)")
     p.add_argument(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -30,9 +29,6 @@ def default_url(settings: Settings) -> str:
 def default_token(settings: Settings) -> str | None:
     from .execapi.auth import load_tokens
 
-    explicit = os.environ.get("SANDBANK_TOKEN")
-    if explicit:
-        return explicit
     tokens = load_tokens(settings)
     return tokens[0] if tokens else None
 
