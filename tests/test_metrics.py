@@ -127,3 +127,22 @@ def test_a_cut_output_is_counted(server: Server) -> None:
         assert run(client, sid, "print('short')") == 0
         client.delete(f"/sessions/{sid}")
     assert sample(server, "sandbank_output_truncations_total", stream="stdout") == before + 1
+
+
+def test_file_bytes_are_counted_by_route(server: Server) -> None:
+    route = "/sessions/{session_id}/files"
+    before_in = sample(server, "sandbank_http_bytes_total", route=route, direction="in")
+    before_out = sample(server, "sandbank_http_bytes_total", route=route, direction="out")
+    data = b"x" * 10_000
+    with server.client(headers=AUTH) as client:
+        sid = client.post("/sessions", json={}).json()["session_id"]
+        put = client.post(
+            f"/sessions/{sid}/files", files={"file": ("a.bin", data)}, data={"path": "a.bin"}
+        )
+        assert put.status_code == 201, put.text
+        assert client.get(f"/sessions/{sid}/files", params={"path": "a.bin"}).content == data
+        client.delete(f"/sessions/{sid}")
+    grown_in = sample(server, "sandbank_http_bytes_total", route=route, direction="in") - before_in
+    grown_out = sample(server, "sandbank_http_bytes_total", route=route, direction="out")
+    assert 10_000 < grown_in < 11_000  # the file and its multipart framing
+    assert grown_out - before_out >= 10_000 + len(put.content)

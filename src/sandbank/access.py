@@ -50,8 +50,19 @@ class AccessMiddleware:
         started = time.monotonic()
         status = 500  # if nothing was sent, the server failed
 
+        received = sent = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+            return message
+
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, sent
+            if message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
             if message["type"] == "http.response.start":
                 status = int(message["status"])
                 MutableHeaders(scope=message)["X-Request-ID"] = rid
@@ -60,11 +71,13 @@ class AccessMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            await self.app(scope, counting_receive, send_with_id)
         finally:
             route = route_of(scope, root)
             method = str(scope["method"])
             self.metrics.http_requests.labels(route, method, str(status)).inc()
+            self.metrics.http_bytes.labels(route, "in").inc(received)
+            self.metrics.http_bytes.labels(route, "out").inc(sent)
             # The path without its query: presigned URLs carry signatures there.
             log.info(
                 "%s %s %d %.1f ms",

@@ -79,6 +79,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.http_bytes = Counter(
+            "sandbank_http_bytes",
+            "Bytes of request and response bodies (file uploads and downloads among them).",
+            ["route", "direction"],
+            registry=r,
+        )
         self.sessions_created = Counter(
             "sandbank_sessions_created", "Sandbox sessions leased.", registry=r
         )
