@@ -25,22 +25,34 @@ USER_NAME = re.compile(r"[^\s/\\\x00-\x1f\x7f]{1,128}")
 TITLE_CHARS = 48
 
 
-def _settings(args: argparse.Namespace, uses_data_dir: bool = True) -> Settings:
+def _warn(text: str) -> None:
+    print(f"sandbank: warning: {text}", file=sys.stderr)
+
+
+def _settings(
+    args: argparse.Namespace,
+    uses_data_dir: bool = True,
+    warn: Callable[[str], None] = _warn,
+) -> Settings:
     """The settings, command-line values first; warns about unknown `SANDBANK_*` variables."""
     overrides: dict[str, Any] = {}
     for key in ("host", "port", "data_dir"):
         value = getattr(args, key, None)
         if value is not None:
             overrides[key] = value
-    for warning in unknown_variables():
-        print(f"sandbank: warning: {warning}", file=sys.stderr)
-    settings = load_settings(**overrides)
+    warnings = unknown_variables()
+    try:
+        settings = load_settings(**overrides)
+    except ConfigError:
+        for warning in warnings:  # a typo may be the cause: say so before the error
+            _warn(warning)
+        raise
     if uses_data_dir and "data_dir" not in settings.model_fields_set:
-        print(
-            f"sandbank: warning: no --data-dir or SANDBANK_DATA_DIR given: using "
-            f"{os.path.abspath(settings.data_dir)}",
-            file=sys.stderr,
+        warnings.append(
+            f"no --data-dir or SANDBANK_DATA_DIR given: using {os.path.abspath(settings.data_dir)}"
         )
+    for warning in warnings:
+        warn(warning)
     return settings
 
 
@@ -48,9 +60,17 @@ def serve(args: argparse.Namespace) -> int:
     from . import logs, startup
     from .serving import run
 
-    settings = _settings(args)
-    startup.check(settings)
+    warnings: list[str] = []
+    settings = _settings(args, warn=warnings.append)
+    try:
+        startup.check(settings)
+    except ConfigError:
+        for warning in warnings:
+            _warn(warning)
+        raise
     logs.setup(settings)
+    for warning in warnings:  # through the log: in its format (JSON, perhaps)
+        log.warning("%s", warning)
     log.info("%s", startup.summary(settings))
     return run(settings)
 
