@@ -22,7 +22,11 @@ def test_loading_the_page_provokes_no_refusal(tab: Tab) -> None:
 
 def test_the_config_tells_a_proxied_user_apart(server: Server, user: Client) -> None:
     alone = httpx.get(server.url + "/ui/config.json").json()
-    assert alone == {"sign_in": True, "session_ttl_seconds": 604800}
+    assert alone == {
+        "sign_in": True,
+        "session_ttl_seconds": 604800,
+        "documents": ["openapi.json", "api/openapi.json"],
+    }
     proxied = httpx.get(server.url + "/ui/config.json", headers={TRUSTED_HEADER: user.name})
     assert proxied.json()["sign_in"] is False
     assert "default-src 'none'" in proxied.headers["content-security-policy"]
