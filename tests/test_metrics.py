@@ -69,7 +69,8 @@ def test_calls_sessions_and_requests_are_counted(server: Server) -> None:
     }
     with server.client(headers=AUTH) as client:
         sid = client.post("/sessions", json={}).json()["session_id"]
-        assert sample(server, "sandbank_sessions_live") == 1
+        assert sample(server, "sandbank_sessions", state="idle") == 1
+        assert sample(server, "sandbank_sessions", state="busy") == 0
         assert run(client, sid, "print(1)") == 0
         assert run(client, sid, "raise SystemExit(3)") == 3
         assert run(client, sid, "import time; time.sleep(30)", timeout=1) == 124
@@ -110,6 +111,7 @@ def test_a_refused_lease_is_counted(server: Server) -> None:
         busy.start()
         time.sleep(1)  # the call is running: the only session cannot be reclaimed
         try:
+            assert sample(server, "sandbank_sessions", state="busy") == 1
             refused = client.post("/sessions", json={})
         finally:
             busy.join(30)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -21,6 +22,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -96,9 +99,6 @@ class Metrics:
             "Leases refused: at capacity or shutting down.",
             registry=r,
         )
-        self.sessions_live = Gauge(
-            "sandbank_sessions_live", "Sandbox sessions leased now.", registry=r
-        )
         self.pool_ready = Gauge(
             "sandbank_pool_ready", "Sandboxes started and waiting in the warm pool.", registry=r
         )
@@ -140,11 +140,28 @@ class Metrics:
 
     def watch_runtime(self, runtime: Runtime) -> None:
         """Gauges read the runtime when scraped: no bookkeeping can drift."""
-        self.sessions_live.set_function(lambda: len(runtime.sessions()))
+        self.registry.register(SessionStates(runtime))
         self.pool_ready.set_function(lambda: runtime.pool.ready)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class SessionStates(Collector):
+    """`sandbank_sessions{state}`: leased sessions running a call (busy) or not (idle)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "sandbank_sessions", "Sandbox sessions leased now, by state.", labels=["state"]
+        )
+        sessions = self.runtime.sessions()
+        busy = sum(1 for s in sessions if s.inflight)
+        family.add_metric(["busy"], busy)
+        family.add_metric(["idle"], len(sessions) - busy)
+        yield family
 
 
 class MeteredRuntime(Runtime):
