@@ -227,6 +227,7 @@ def test_a_cancelled_run_keeps_its_call_and_can_be_asked_again(tab: Tab, user: C
     tool.locator("summary").click()
     expect(tool.locator("code")).to_contain_text("time.sleep(300)")
     expect(tool.locator(".stderr")).to_have_count(0)
+    tab.shot("session-cancelled")
     expect(page.get_by_label("Question")).to_be_enabled()
     expect(page.get_by_label("Question")).to_have_value("")
     page.get_by_role("button", name="Ask again").click()  # no retyping
