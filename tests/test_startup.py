@@ -241,3 +241,15 @@ def test_an_unreadable_tokens_file_is_one_line() -> None:
         f"SANDBANK_EXEC_TOKENS_FILE={data}/missing cannot be read (No such file or directory): "
         "expected a readable file of tokens, one per line"
     )
+
+
+def test_an_unreachable_database_is_one_line_without_the_password() -> None:
+    from tests.postgres import free_port
+
+    url = f"postgresql+psycopg://sb:hunter2@127.0.0.1:{free_port()}/sandbank"
+    with data_dir() as data, pytest.raises(ConfigError) as caught:
+        check(Settings(data_dir=data, database_url=url, isolation="none"))
+    message = caught.value.message
+    assert message.startswith("SANDBANK_DATABASE_URL: cannot connect to postgresql (127.0.0.1:")
+    assert message.endswith("check the URL and that the server runs")
+    assert "hunter2" not in message and "\n" not in message

@@ -115,12 +115,35 @@ def check_isolation(settings: Settings) -> None:
         raise ConfigError(error.message) from None
 
 
+def check_database(settings: Settings) -> None:
+    """A database server that cannot be reached (PostgreSQL): one line, before listening."""
+    url = settings.database_url.get_secret_value()
+    if settings.interpreter_api != "on" or not url.startswith("postgresql"):
+        return  # SQLite is a file in a checked directory; memory:// needs nothing
+    import sqlalchemy as sa
+    from sqlalchemy.exc import SQLAlchemyError
+
+    engine = sa.create_engine(url, pool_pre_ping=False)
+    try:
+        with engine.connect():
+            pass
+    except SQLAlchemyError as error:
+        raise ConfigError(
+            f"SANDBANK_DATABASE_URL: cannot connect to {database_kind(settings)} "
+            f"({type(getattr(error, 'orig', None) or error).__name__}): check the URL and that "
+            "the server runs"
+        ) from None
+    finally:
+        engine.dispose()
+
+
 def check(settings: Settings) -> None:
     """Everything checked before `serve` builds anything."""
     check_model(settings)
     check_data_dir(settings)
     check_tokens(settings)
     check_isolation(settings)
+    check_database(settings)
 
 
 def database_kind(settings: Settings) -> str:
