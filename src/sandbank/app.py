@@ -15,7 +15,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from .agent.anyllm import AnyLLMModel, model_from_settings
+from .access import AccessMiddleware
+from .admin import sessions_endpoint
+from .agent.anyllm import model_from_settings
 from .agent.model import Model
 from .config import Settings
 from .errors import ConfigError, ModelEndpointRefused, ModelNotConfigured, SandbankError
@@ -30,12 +32,14 @@ from .interpreter.routes import InterpreterApi
 from .interpreter.runs import Runs
 from .interpreter.service import InterpreterService
 from .leasing import Sandboxes, open_sandboxes
-from .sandbox.sessions import Runtime
+from .metrics import MeteredModel, MeteredRuntime, Metrics, endpoint
+from .startup import without_credentials
 from .store import Store, open_store
 from .web import site
 
 log = logging.getLogger("sandbank")
 RESTARTED = "interrupted by a server restart"
+UNAVAILABLE = "the assistant is not available; ask the administrator"
 
 
 def is_loopback(host: str) -> bool:
@@ -66,8 +70,9 @@ def build_model(settings: Settings) -> Model | SandbankError:
     try:
         return model_from_settings(settings)
     except (ModelNotConfigured, ModelEndpointRefused) as e:
+        # The details are the operator's (variables, providers); users see a plain sentence.
         log.warning("the agent is off: %s", e.message)
-        return e
+        return type(e)(UNAVAILABLE)
 
 
 class Services:
@@ -75,10 +80,12 @@ class Services:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.runtime = Runtime(settings)
+        self.metrics = Metrics()
+        self.runtime = MeteredRuntime(settings, self.metrics)
         tokens = load_tokens(settings)
         check_exposure(settings, tokens)
-        self.exec_api = ExecApi(self.runtime, TokenAuth(tokens))
+        self.auth = TokenAuth(tokens)
+        self.exec_api = ExecApi(self.runtime, self.auth)
         self.interpreter_api = InterpreterApi(settings.message_max_chars)
         # Opened in `start` (they need the event loop):
         self.store: Store | None = None
@@ -103,7 +110,13 @@ class Services:
         self.objects = objects = await open_object_store(s)
         self.sandboxes = sandboxes = open_sandboxes(s, self.runtime)
         await sandboxes.start()
-        self.model = build_model(s)
+        model = build_model(s)
+        endpoint = f"{s.llm_model} at {without_credentials(s.llm_base_url) or 'its provider'}"
+        self.model = (
+            model
+            if isinstance(model, SandbankError)
+            else MeteredModel(model, self.metrics, endpoint)
+        )
         files = SessionFiles(store, objects, s)
         runs = Runs(store, files, sandboxes, self.model, s)
         self.interpreter = InterpreterService(store, files, runs, s)
@@ -129,7 +142,7 @@ class Services:
                 await self._expiry
         if self.sandboxes is not None:
             await self.sandboxes.close()
-        if isinstance(self.model, AnyLLMModel):
+        if isinstance(self.model, MeteredModel):
             await self.model.aclose()
         if self.objects is not None:
             await self.objects.close()
@@ -167,6 +180,10 @@ def create_app(settings: Settings) -> Starlette:
         routes.append(Route("/health", services.exec_api.health, methods=["GET"]))
     if settings.web_ui == "on" and settings.interpreter_api == "on":
         routes += site(settings)
+    routes.append(Route("/metrics", endpoint(services.metrics, services.auth), methods=["GET"]))
+    routes.append(
+        Route("/admin/sessions", sessions_endpoint(services.runtime, settings), methods=["GET"])
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -178,7 +195,10 @@ def create_app(settings: Settings) -> Starlette:
 
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(HostAllowList, allowed=settings.allowed_hosts.split(","))],
+        middleware=[
+            Middleware(AccessMiddleware, metrics=services.metrics),
+            Middleware(HostAllowList, allowed=settings.allowed_hosts.split(",")),
+        ],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )
@@ -189,8 +209,15 @@ def create_app(settings: Settings) -> Starlette:
 def create_exec_app(services: Services, settings: Settings) -> Starlette:
     """The code-execution API alone, for a listener of its own over the main app's services."""
     return Starlette(
-        routes=[*services.exec_api.routes(), Route("/openapi.json", _openapi, methods=["GET"])],
-        middleware=[Middleware(HostAllowList, allowed=settings.allowed_hosts.split(","))],
+        routes=[
+            *services.exec_api.routes(),
+            Route("/openapi.json", _openapi, methods=["GET"]),
+            Route("/metrics", endpoint(services.metrics, services.auth), methods=["GET"]),
+        ],
+        middleware=[
+            Middleware(AccessMiddleware, metrics=services.metrics),
+            Middleware(HostAllowList, allowed=settings.allowed_hosts.split(",")),
+        ],
         exception_handlers=EXCEPTION_HANDLERS,
     )
 

@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+import difflib
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .errors import SandbankError
+
 MiB = 1024 * 1024
+PREFIX = "SANDBANK_"
+# Variables of the project that are not settings: the installer's, the tests', and those the
+# server sets inside a sandbox.
+NOT_SETTINGS = frozenset(
+    {
+        "SANDBANK_EXTRA_PACKAGES",
+        "SANDBANK_FILES_JSON",
+        "SANDBANK_INTERRUPT_FD",
+        "SANDBANK_PREIMPORT",
+        "SANDBANK_WORKSPACE",
+    }
+)
+
+
+class ConfigError(SandbankError):
+    """A setting's value cannot be used; the message is one line naming the variable."""
 
 
 def _default_runtime_dir() -> Path:
@@ -25,12 +46,19 @@ class Settings(BaseSettings):
 
     # --- server ---------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address `sandbank serve` listens on.")
-    port: int = Field(8080, description="Port `sandbank serve` listens on.")
+    port: int = Field(8080, ge=0, le=65535, description="Port `sandbank serve` listens on.")
     data_dir: Path = Field(
         Path("./sandbank-data"),
         description="Where state lives: database, uploaded files, sandbox workspaces, keys.",
     )
-    log_level: str = Field("info", description="Log level (debug, info, warning, error).")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level: `debug`, `info`, `warning` or `error`."
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="Log lines as readable `text`, or as `json` objects (one per line) for a "
+        "log collector.",
+    )
     public_base_url: str = Field(
         "",
         description="Base URL clients reach this server at (for presigned URLs); "
@@ -120,7 +148,10 @@ class Settings(BaseSettings):
         "127.0.0.1", description="Address of the code-execution API's own listener (`separate`)."
     )
     exec_api_port: int = Field(
-        8081, description="Port of the code-execution API's own listener (`separate`)."
+        8081,
+        ge=0,
+        le=65535,
+        description="Port of the code-execution API's own listener (`separate`).",
     )
     exec_tokens: SecretStr = Field(
         SecretStr(""),
@@ -129,6 +160,12 @@ class Settings(BaseSettings):
     )
     exec_tokens_file: Path | None = Field(
         None, description="A file of bearer tokens, one per line (added to `exec_tokens`)."
+    )
+    admin_token: SecretStr = Field(
+        SecretStr(""),
+        description="Bearer token for the operator's endpoint `GET /admin/sessions` (the "
+        "code-execution sessions this server holds; `sandbank sessions list --exec`); empty "
+        "turns it off.",
     )
     allowed_hosts: str = Field(
         "localhost,127.0.0.1,[::1]",
@@ -322,3 +359,106 @@ class Settings(BaseSettings):
         "they are not this server (an S3 endpoint as browsers reach it), allowed in the page's "
         "Content-Security-Policy; the origin of `s3_endpoint_url` is added by itself.",
     )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_level(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        for default, ceiling in (
+            ("exec_timeout_default", "exec_timeout_max"),
+            ("idle_timeout_default", "idle_timeout_max"),
+            ("max_lifetime_default", "max_lifetime_max"),
+        ):
+            if getattr(self, default) > getattr(self, ceiling):
+                raise ValueError(
+                    f"{PREFIX}{default.upper()}={getattr(self, default)} is above "
+                    f"{PREFIX}{ceiling.upper()}={getattr(self, ceiling)}: a default must not "
+                    "exceed its ceiling"
+                )
+        return self
+
+
+def variable(name: str) -> str:
+    return f"{PREFIX}{name.upper()}"
+
+
+def _accepted(error: Mapping[str, Any]) -> str:
+    """What a setting accepts, in words, from one of pydantic's errors."""
+    kind, ctx = error["type"], error.get("ctx") or {}
+    words = {
+        "int_parsing": "a whole number",
+        "int_from_float": "a whole number",
+        "float_parsing": "a number",
+        "bool_parsing": "true or false (also 1/0, yes/no, on/off)",
+        "path_type": "a path",
+        "string_type": "text",
+    }
+    if kind in words:
+        return str(words[kind])
+    if kind == "literal_error":
+        return f"one of {ctx.get('expected', '')}"
+    bounds = {
+        "greater_than_equal": ">=",
+        "greater_than": ">",
+        "less_than_equal": "<=",
+        "less_than": "<",
+    }
+    if kind in bounds:
+        limit = next(iter(ctx.values()), "")
+        if isinstance(limit, float) and limit.is_integer():
+            limit = int(limit)
+        return f"a number {bounds[kind]} {limit}"
+    return str(error.get("msg", "another value")).removeprefix("Value error, ")
+
+
+def describe_errors(error: ValidationError) -> str:
+    """pydantic's errors as one line: each variable, its value and what it accepts."""
+    parts = []
+    for item in error.errors():
+        loc = item.get("loc") or ()
+        if not loc:  # a whole-model check: its message already names the variables
+            parts.append(str(item.get("msg", "")).removeprefix("Value error, "))
+            continue
+        name = str(loc[0])
+        value = item.get("input")
+        shown = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if name in SECRET_SETTINGS:
+            shown = "(hidden)"
+        parts.append(f"{variable(name)}={shown!s} is not valid: expected {_accepted(item)}")
+    return "; ".join(parts)
+
+
+SECRET_SETTINGS = frozenset(
+    name for name, field in Settings.model_fields.items() if field.annotation is SecretStr
+)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment (and command-line overrides); `ConfigError` if unusable."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as error:
+        raise ConfigError(describe_errors(error)) from None
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """A warning for each `SANDBANK_*` variable that is no setting, with the closest known one."""
+    env = os.environ if environ is None else environ
+    known = [variable(name) for name in Settings.model_fields]
+    warnings = []
+    for name in sorted(env):
+        upper = name.upper()
+        if not upper.startswith(PREFIX) or upper in known or upper in NOT_SETTINGS:
+            continue
+        if upper.startswith(PREFIX + "TEST_"):
+            continue  # the test suite's own knobs
+        # Compared without the shared prefix, which would make any two names look alike.
+        close = difflib.get_close_matches(
+            upper.removeprefix(PREFIX).lower(), list(Settings.model_fields), n=1, cutoff=0.6
+        )
+        hint = f"; did you mean {variable(close[0])}?" if close else ""
+        warnings.append(f"{name} is not a Sandbank setting and is ignored{hint}")
+    return warnings

@@ -40,6 +40,7 @@ def _config(
         host=host,
         port=port,
         log_level=settings.log_level,
+        log_config=None,  # uvicorn's lines go through our handler (text or JSON, request ids)
         access_log=False,
         lifespan=lifespan,
         timeout_graceful_shutdown=30,

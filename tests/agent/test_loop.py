@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -267,6 +269,26 @@ async def test_cancelling_stops_the_run_and_reports_cancelled(
     assert result.status == "cancelled" and isinstance(result.error, RunCancelled)
     assert sink.statuses[-1] == "cancelled"
     assert sink.of("assistant") == []
+
+
+async def test_a_call_interrupted_by_cancelling_stays_on_record(
+    tmp_path: Path, sink: RecordingSink
+) -> None:
+    cancel = anyio.Event()
+    model = ScriptedModel([run_python("while True: pass"), answer("never")])
+    async with anyio.create_task_group() as group:
+
+        async def cancel_soon() -> None:
+            await anyio.sleep(0.3)
+            cancel.set()
+
+        group.start_soon(cancel_soon)
+        result = await turn(model, HangingWorkbench(tmp_path), sink, cancel=cancel)
+    assert result.status == "cancelled"
+    (tool,) = sink.of("tool")
+    record = json.loads(tool.content)
+    assert record["input"] == {"code": "while True: pass"}
+    assert record["error"] == loop.INTERRUPTED and record.get("output") is None
 
 
 async def test_an_unset_cancel_event_does_not_hold_the_run(

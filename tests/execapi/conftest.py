@@ -45,7 +45,9 @@ def contract(spec: dict[str, Any]) -> Contract:
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     with data_dir() as d:
-        srv = Server(d, pool_size=1, max_sessions=8, exec_timeout_max=30).start()
+        srv = Server(
+            d, pool_size=1, max_sessions=8, exec_timeout_default=30, exec_timeout_max=30
+        ).start()
         try:
             yield srv
         finally:

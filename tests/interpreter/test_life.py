@@ -370,7 +370,9 @@ def test_keys_can_be_added_listed_and_revoked(server: Server) -> None:
         second = server.cli("keys", "create", dave.name).strip().splitlines()[-1]
         listing = server.cli("keys", "list", dave.name)
         assert dave.key not in listing and second not in listing
-        ids = [line.split("\t")[0] for line in listing.splitlines()]
+        header, *rows = listing.splitlines()
+        assert header.split() == ["KEY_ID", "USER", "CREATED", "STATE"]
+        ids = [line.split()[0] for line in rows]
         assert len(ids) == 2
         with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {second}"}) as c:
             assert c.get("/api/sessions").status_code == 200

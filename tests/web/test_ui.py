@@ -207,17 +207,36 @@ def test_refused_uploads_say_why_and_dropped_files_upload(tab: Tab, user: Client
     assert tab.console.unexpected(PROBE, (400, "/api/sessions/")) == []
 
 
-def test_a_run_can_be_cancelled_and_its_error_is_shown(tab: Tab, user: Client) -> None:
+def test_a_cancelled_run_keeps_its_call_and_can_be_asked_again(tab: Tab, user: Client) -> None:
     page = tab.page
     page.goto(tab.base_url + "/")
     sign_in(page, user.key)
     open_new_session(page)
     ask(page, "sleep for a while")
+    page.get_by_label(re.compile("Show internal messages")).check()
+    expect(page.locator("li.msg.tool")).to_have_count(0)
+    expect(page.get_by_role("status")).to_contain_text("Working: running code")
     page.get_by_role("button", name="Cancel run").click()
-    expect(page.locator(".title-row .badge")).to_have_text("ERROR", timeout=RUN_TIMEOUT)
-    expect(page.get_by_role("status")).to_contain_text("The run ended with an error: cancelled")
+    expect(page.locator(".title-row .badge")).to_have_text("CANCELLED", timeout=RUN_TIMEOUT)
+    status = page.get_by_role("status")
+    expect(status).to_have_text("Cancelled.")
+    expect(status).not_to_have_class(re.compile(r"\berror\b"))
+    # The interrupted call is kept, with its code, and is not shown as a failure.
+    tool = page.locator("li.msg.tool details")
+    expect(tool.locator("summary")).to_contain_text("interrupted")
+    tool.locator("summary").click()
+    expect(tool.locator("code")).to_contain_text("time.sleep(300)")
+    expect(tool.locator(".stderr")).to_have_count(0)
+    tab.shot("session-cancelled")
     expect(page.get_by_label("Question")).to_be_enabled()
-    assert tab.console.unexpected(PROBE) == []
+    expect(page.get_by_label("Question")).to_have_value("")
+    page.get_by_role("button", name="Ask again").click()  # no retyping
+    expect(page.locator(".title-row .badge")).to_have_text("PENDING")
+    expect(page.locator("li.msg.user")).to_have_count(2)
+    expect(page.locator("li.msg.user").last).to_have_text("sleep for a while")
+    page.get_by_role("button", name="Cancel run").click()
+    expect(page.locator(".title-row .badge")).to_have_text("CANCELLED", timeout=RUN_TIMEOUT)
+    assert tab.console.unexpected() == []
 
 
 def test_on_a_phone_with_the_keyboard_alone(browser: Browser, server: Server, user: Client) -> None:

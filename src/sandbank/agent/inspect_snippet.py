@@ -41,8 +41,12 @@ def _sandbank_inspect(root, marker, max_files=40, max_bytes=65536, max_out=12000
         book = openpyxl.load_workbook(path, read_only=True, data_only=True)
         try:
             sheet = book.worksheets[0]
-            rows = [[cell(c) for c in row] for row in
-                    sheet.iter_rows(max_row=4, max_col=50, values_only=True)]
+            # Read-only sheets pad every row to max_col with None: keep the used width only.
+            raw = [list(row) for row in sheet.iter_rows(max_row=4, max_col=50, values_only=True)]
+            width = max([i + 1 for row in raw for i, v in enumerate(row) if v is not None] or [0])
+            while raw and all(v is None for v in raw[-1]):
+                raw.pop()
+            rows = [["" if v is None else cell(v) for v in row[:width]] for row in raw]
             facts = {"sheets": [cell(n) for n in book.sheetnames[:20]]}
             if rows:
                 facts["columns"], facts["rows"] = rows[0], rows[1:]

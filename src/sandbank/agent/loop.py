@@ -43,6 +43,7 @@ EMPTY_ANSWER = "(The model gave an empty answer.)"
 STATUS_STARTING = "looking at the files"
 STATUS_THINKING = "thinking"
 STATUS_CANCELLED = "cancelled"
+INTERRUPTED = "interrupted: the run was stopped while this call ran"
 _TOOL_STATUS = {BASH_TOOL: "running a command", EDITOR_TOOL: "editing files"}
 
 
@@ -159,8 +160,15 @@ class _Run:
         await self.recorder.set_status(_TOOL_STATUS.get(request.name, "running code"))
         timeout = self.limits.tool_timeout_s
         started = time.monotonic()
-        with anyio.move_on_after(timeout + TOOL_TIMEOUT_GRACE_S) as scope:
-            exec_result = await self.workbench.execute(call, timeout)
+        try:
+            with anyio.move_on_after(timeout + TOOL_TIMEOUT_GRACE_S) as scope:
+                exec_result = await self.workbench.execute(call, timeout)
+        except anyio.get_cancelled_exc_class():
+            # The run was cancelled (or ran out of time) mid-call: keep the call's code on record.
+            record.error = INTERRUPTED
+            with anyio.CancelScope(shield=True):
+                await self.recorder.add_message("tool", record.model_dump_json(), internal=True)
+            raise
         elapsed = time.monotonic() - started
         # 124 alone could be a user's own `timeout` command; the wall clock tells them apart.
         timed_out = scope.cancelled_caught or (

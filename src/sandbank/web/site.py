@@ -1,4 +1,4 @@
-"""The web UI's routes: the page at `/`, its files under `/ui/`, with a strict CSP."""
+"""The web UI's routes: the page at `/`, the API reference at `/docs`, files under `/ui/`."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ from urllib.parse import urlsplit
 
 from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbank.config import Settings
+from sandbank.interpreter.identity import is_trusted, parse_networks
 
 STATIC = Path(__file__).parent / "static"
 
@@ -71,5 +72,31 @@ def site(settings: Settings) -> list[BaseRoute]:
     async def page(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers=headers)
 
+    proxies = parse_networks(settings.trusted_proxies)
+    # The OpenAPI documents served on this listener, for the reference page.
+    documents = ["openapi.json"] if settings.exec_api == "on" else []
+    documents.append("api/openapi.json")
+    header = settings.trusted_user_header.strip()
+
+    async def config(request: Request) -> Response:
+        """What the page needs before its first API call: whether to ask for a key (so it never
+        provokes a 403 to find out), and the sessions' time to live (creation = ttl - it)."""
+        client = request.client.host if request.client else None
+        proxied = bool(header and request.headers.get(header) and is_trusted(client, proxies))
+        body = {
+            "sign_in": not proxied,
+            "session_ttl_seconds": settings.session_ttl_seconds,
+            "documents": documents,
+        }
+        return JSONResponse(body, headers=headers)
+
+    async def reference(request: Request) -> Response:
+        return FileResponse(STATIC / "reference.html", headers=headers)
+
     files = SecurityHeaders(StaticFiles(directory=STATIC), headers)
-    return [Route("/", page, methods=["GET", "HEAD"]), Mount("/ui", app=files, name="web")]
+    return [
+        Route("/", page, methods=["GET", "HEAD"]),
+        Route("/ui/config.json", config, methods=["GET"]),
+        Route("/docs", reference, methods=["GET", "HEAD"]),
+        Mount("/ui", app=files, name="web"),
+    ]

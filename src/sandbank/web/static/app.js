@@ -7,7 +7,10 @@ import { codeBlock, linkedFile, renderMarkdown } from "./render.js";
 const POLL_MS = 1000;
 const main = document.getElementById("main");
 const signOutButton = document.getElementById("sign-out");
-const state = { trusted: false, view: null };
+const TITLE_CHARS = 60;
+const CANCELLED = "cancelled";
+// From /ui/config.json: whether to ask for a key, and the sessions' time to live.
+const state = { trusted: false, view: null, config: { sign_in: true, session_ttl_seconds: 0 } };
 
 /** An element: string children become text nodes, `on*` props listeners. */
 function h(tag, props = {}, ...children) {
@@ -42,8 +45,27 @@ function expiryText(ttl) {
   return `expires in ${left} (${when})`;
 }
 
-function statusBadge(session) {
-  return h("span", { class: `badge status-${session.status.toLowerCase()}` }, session.status);
+/** What a session's badge says: NEW before its first question, CANCELLED for a cancelled run. */
+function statusOf(session, asked) {
+  if (session.status === "DONE" && !asked) return "NEW";
+  if (session.status === "ERROR" && session.status_message === CANCELLED) return "CANCELLED";
+  return session.status;
+}
+
+function statusBadge(session, asked) {
+  const status = statusOf(session, asked);
+  return h("span", { class: `badge status-${status.toLowerCase()}` }, status);
+}
+
+/** A session's title: its first question on one line, shortened. */
+function titleOf(question) {
+  const text = question.replace(/\s+/g, " ").trim();
+  return text.length <= TITLE_CHARS ? text : `${text.slice(0, TITLE_CHARS - 1).trimEnd()}…`;
+}
+
+/** When a session was made: the API's `created_at` if it gives one, else its ttl less the TTL. */
+function createdOf(session) {
+  return session.created_at ?? session.ttl - state.config.session_ttl_seconds;
 }
 
 function alertBox() {
@@ -170,21 +192,35 @@ class SessionsView {
 
   async load() {
     try {
-      this.show(await api.sessions.list());
+      const sessions = await api.sessions.list();
+      // The list has no titles: each session's first question is read from its messages.
+      const firsts = await Promise.all(sessions.map((s) => this.firstQuestion(s.session_id)));
+      this.show(sessions.map((s, i) => ({ session: s, question: firsts[i] })));
     } catch (error) {
       handleFatal(error, this.box);
     }
   }
 
-  show(sessions) {
-    if (sessions.length === 0) {
+  async firstQuestion(sid) {
+    try {
+      const messages = await api.sessions.messages(sid, null);
+      return messages.find((m) => m.role === "user")?.content ?? null;
+    } catch (error) {
+      if (needsSignIn(error)) throw error;
+      return null; // deleted meanwhile: the row still shows, untitled
+    }
+  }
+
+  show(items) {
+    if (items.length === 0) {
       this.list.replaceChildren(h("li", { class: "empty" }, "No sessions yet: start one to upload files and ask questions."));
       return;
     }
-    this.list.replaceChildren(...sessions.map((s) => this.row(s)));
+    items.sort((a, b) => createdOf(b.session) - createdOf(a.session));
+    this.list.replaceChildren(...items.map((item) => this.row(item.session, item.question)));
   }
 
-  row(session) {
+  row(session, question) {
     const remove = h("button", { type: "button", class: "secondary danger" }, "Delete");
     let armed = false;
     remove.addEventListener("click", async () => {
@@ -210,9 +246,14 @@ class SessionsView {
     return h(
       "li",
       { class: "session-row", "data-session": session.session_id },
-      h("a", { href: `#/sessions/${session.session_id}`, class: "open" }, "Session ", h("code", {}, shortId(session.session_id))),
-      statusBadge(session),
-      h("span", { class: "muted" }, session.status === "ERROR" && session.status_message ? session.status_message : ""),
+      h(
+        "a",
+        { href: `#/sessions/${session.session_id}`, class: "open" },
+        question === null ? h("span", { class: "title muted" }, "New session") : h("span", { class: "title" }, titleOf(question)),
+      ),
+      statusBadge(session, question !== null),
+      h("span", { class: "muted" }, statusOf(session, true) === "ERROR" && session.status_message ? session.status_message : ""),
+      h("time", { class: "created muted", datetime: new Date(createdOf(session) * 1000).toISOString() }, `created ${new Date(createdOf(session) * 1000).toLocaleString()}`),
       h("span", { class: "expiry muted" }, expiryText(session.ttl)),
       remove,
     );
@@ -237,6 +278,8 @@ class SessionView {
     this.sid = sid;
     this.alive = true;
     this.last = null; // timestamp of the last message shown
+    this.session = null; // as last read
+    this.lastQuestion = null; // the latest question, for "Ask again"
     this.polling = false;
     this.files = new Map(); // name -> {filename, size, origin}
     this.images = new Map(); // `${name}:${size}` -> Promise<blob: URL>
@@ -283,12 +326,13 @@ class SessionView {
     });
     this.askButton = h("button", { type: "submit" }, "Ask");
     this.cancelButton = h("button", { type: "button", class: "secondary danger", hidden: true, onclick: () => this.cancel() }, "Cancel run");
+    this.retryButton = h("button", { type: "button", class: "secondary", hidden: true, onclick: () => this.ask(this.lastQuestion) }, "Ask again");
     this.form = h(
       "form",
       { class: "ask" },
       h("label", { for: "question", class: "visually-hidden" }, "Question"),
       this.question,
-      h("div", { class: "ask-buttons" }, this.askButton, this.cancelButton),
+      h("div", { class: "ask-buttons" }, this.askButton, this.retryButton, this.cancelButton),
     );
     this.form.addEventListener("submit", (event) => {
       event.preventDefault();
@@ -350,19 +394,25 @@ class SessionView {
   }
 
   showSession(session) {
-    this.badge.replaceWith((this.badge = statusBadge(session)));
+    this.session = session;
+    const status = statusOf(session, this.lastQuestion !== null);
+    this.badge.replaceWith((this.badge = statusBadge(session, this.lastQuestion !== null)));
     this.expiry.textContent = expiryText(session.ttl);
-    const pending = session.status === "PENDING";
-    this.statusLine.classList.toggle("error", session.status === "ERROR");
+    const pending = status === "PENDING";
+    this.statusLine.classList.toggle("error", status === "ERROR");
+    this.statusLine.classList.toggle("cancelled", status === "CANCELLED");
     if (pending) this.statusLine.textContent = `Working: ${session.status_message || "pending"}…`;
-    else if (session.status === "ERROR") this.statusLine.textContent = `The run ended with an error: ${session.status_message || "unknown error"}`;
+    else if (status === "CANCELLED") this.statusLine.textContent = "Cancelled.";
+    else if (status === "ERROR") this.statusLine.textContent = `The run ended with an error: ${session.status_message || "unknown error"}`;
     else this.statusLine.textContent = "";
     this.setBusy(pending);
+    this.retryButton.hidden = pending || !(status === "ERROR" || status === "CANCELLED") || this.lastQuestion === null;
   }
 
   setBusy(busy) {
     this.question.disabled = busy;
     this.askButton.disabled = busy;
+    this.retryButton.disabled = busy;
     this.cancelButton.hidden = !busy;
     this.cancelButton.disabled = false;
   }
@@ -413,6 +463,7 @@ class SessionView {
     const when = new Date(message.timestamp * 1000).toLocaleTimeString();
     const item = h("li", { class: classes.join(" "), title: when });
     if (message.role === "user") {
+      this.lastQuestion = message.content;
       item.append(h("div", { class: "bubble" }, message.content));
     } else if (message.role === "assistant") {
       if (message.internal) item.append(h("p", { class: "label" }, "Note"));
@@ -429,20 +480,21 @@ class SessionView {
     return item;
   }
 
-  async ask() {
-    const content = this.question.value.trim();
+  /** Posts the question typed, or `again` (the last one, retried without retyping). */
+  async ask(again = null) {
+    const content = again ?? this.question.value.trim();
     if (!content) return;
     this.setBusy(true);
     showAlert(this.box, "");
     try {
       const message = await api.sessions.ask(this.sid, content);
-      this.question.value = "";
+      if (again === null) this.question.value = "";
       if (this.last === null || message.timestamp > this.last) {
         this.last = message.timestamp;
         this.messages.append(this.messageItem(message));
       }
-      this.statusLine.classList.remove("error");
-      this.statusLine.textContent = "Working: pending…";
+      // Badge and status line change together, before the first poll.
+      this.showSession({ ...this.session, status: "PENDING", status_message: "pending" });
       this.poll();
     } catch (error) {
       handleFatal(error, this.box);
@@ -578,7 +630,9 @@ function toolCall(content) {
   const out = record.output;
   const facts = [`step ${record.step}`];
   if (out) facts.push(`${out.duration_ms} ms`, out.return_code === 0 ? "ok" : `exit ${out.return_code}`);
-  if (record.error) facts.push("failed");
+  const interrupted = typeof record.error === "string" && record.error.startsWith("interrupted");
+  if (interrupted) facts.push("interrupted");
+  else if (record.error) facts.push("failed");
   const body = [];
   if (typeof input.code === "string") body.push(codeBlock(input.code, "python"));
   else if (record.tool === "bash" && typeof input.command === "string") body.push(codeBlock(input.command, "bash"));
@@ -588,7 +642,7 @@ function toolCall(content) {
     if (out.stderr) body.push(h("p", { class: "label" }, "Errors"), h("pre", { class: "stderr" }, out.stderr));
     if (out.files?.length) body.push(h("p", { class: "label" }, `Files: ${out.files.join(", ")}`));
   }
-  if (record.error) body.push(h("p", { class: "stderr" }, record.error));
+  if (record.error) body.push(h("p", { class: interrupted ? "note" : "stderr" }, record.error));
   return h("details", { class: "tool-call" }, h("summary", {}, `Tool call: ${record.tool} (${facts.join(", ")})`), ...body);
 }
 
@@ -605,16 +659,25 @@ function trace(content) {
 
 // --- start ---------------------------------------------------------------------------------
 
+/** The page's settings; asking never fails with a 4xx, so nothing is logged on load. */
+async function loadConfig() {
+  try {
+    const response = await fetch(new URL("ui/config.json", document.baseURI), { cache: "no-store" });
+    if (response.ok) Object.assign(state.config, await response.json());
+  } catch {
+    // Unreachable: the sign-in form will say so when it is used.
+  }
+}
+
 async function boot() {
+  await loadConfig();
   if (api.loadKey()) return start();
   // Behind an authenticating proxy (trusted user header) the API answers without a key.
-  try {
-    await api.sessions.list({ withKey: false });
+  if (!state.config.sign_in) {
     state.trusted = true;
-    start();
-  } catch {
-    showSignIn();
+    return start();
   }
+  showSignIn();
 }
 
 boot();

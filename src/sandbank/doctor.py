@@ -1,0 +1,359 @@
+"""`sandbank doctor`: checks of this machine and these settings, each with ok/FAIL and the fix."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import io
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from .config import Settings
+from .errors import SandbankError
+
+# What the agent's code relies on, imported inside a real sandbox.
+DATA_STACK = (
+    "numpy, pandas, scipy, sklearn, statsmodels, matplotlib, seaborn, PIL, openpyxl, pyarrow"
+)
+SANDBOX_TIMEOUT_S = 60
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str  # "ok", "FAIL", "warn" or "skip"
+    detail: str
+    fix: str = ""
+
+
+class Failed(Exception):
+    """A check's failure: what is wrong and how to fix it."""
+
+    def __init__(self, detail: str, fix: str = "") -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.fix = fix
+
+
+class Warned(Failed):
+    """Worth knowing, not a failure."""
+
+
+class Skipped(Failed):
+    pass
+
+
+# A check returns what it saw, or raises `Failed`; blocking checks are plain functions.
+Check = Callable[[Settings], str | Awaitable[str]]
+
+
+def check_root(settings: Settings) -> str:
+    if os.geteuid() == 0:
+        return "running as root"
+    if settings.isolation == "none":
+        raise Warned("not root; fine with SANDBANK_ISOLATION=none (unisolated)")
+    raise Failed(
+        f"running as uid {os.geteuid()}: the isolated runtime creates cgroups and loop mounts",
+        "run sandbank as root",
+    )
+
+
+def check_bubblewrap(settings: Settings) -> str:
+    from .sandbox.bwrap import HOST_PATH
+
+    if settings.isolation == "none":
+        raise Skipped("SANDBANK_ISOLATION=none: no isolation is used")
+    missing = [
+        package
+        for tool, package in (("bwrap", "bubblewrap"), ("setpriv", "util-linux"))
+        if shutil.which(tool, path=HOST_PATH) is None
+    ]
+    if missing:
+        raise Failed(f"missing: {', '.join(missing)}", f"apt-get install {' '.join(missing)}")
+    return str(shutil.which("bwrap", path=HOST_PATH))
+
+
+def check_cgroups(settings: Settings) -> str:
+    from .sandbox.cgroups import ROOT, V1_CONTROLLERS
+
+    if settings.isolation == "none":
+        raise Skipped("SANDBANK_ISOLATION=none: no limits are applied")
+    missing = [c for c in V1_CONTROLLERS if not (ROOT / c / "cgroup.procs").exists()]
+    if missing:
+        raise Failed(
+            f"cgroup v1 controllers not mounted under {ROOT}: {', '.join(missing)}",
+            f"mount them, e.g. `mount -t cgroup -o {missing[0]} cgroup {ROOT}/{missing[0]}`",
+        )
+    return f"{', '.join(V1_CONTROLLERS)} under {ROOT}"
+
+
+def check_loop_devices(settings: Settings) -> str:
+    if settings.isolation == "none":
+        raise Skipped("SANDBANK_ISOLATION=none: workspaces are plain directories")
+    tools = [t for t in ("mkfs.ext4", "mount", "umount") if shutil.which(t) is None]
+    if tools:
+        raise Failed(f"missing: {', '.join(tools)}", "apt-get install e2fsprogs mount")
+    if not Path("/dev/loop-control").exists():
+        raise Failed(
+            "/dev/loop-control is missing: workspaces are loop-mounted disk images",
+            "`modprobe loop` (in a container: give it access to loop devices)",
+        )
+    return "/dev/loop-control, mkfs.ext4 and mount present"
+
+
+async def check_runtime(settings: Settings) -> str:
+    """Start a real sandbox (in a data directory of its own) and import the data stack there."""
+    from .sandbox.base import PythonCall
+    from .sandbox.sessions import Runtime
+
+    python = settings.runtime_dir / "bin" / "python3"
+    if not await asyncio.to_thread(python.exists):
+        raise Failed(
+            f"no runtime image at {settings.runtime_dir}",
+            "run `make install`, or set SANDBANK_RUNTIME_DIR",
+        )
+    # A directory of its own: a running server's sandboxes are never touched.
+    scratch = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="sandbank-doctor-"))
+    await asyncio.to_thread(os.chmod, scratch, 0o711)
+    own = settings.model_copy(update={"data_dir": scratch, "pool_size": 0})
+    runtime = Runtime(own)
+    try:
+        await runtime.start()
+        session = await runtime.create("doctor")
+        code = f"import {DATA_STACK}\nprint('imported')"
+        result = await runtime.execute(session.id, "doctor", PythonCall(code), SANDBOX_TIMEOUT_S)
+    except SandbankError as error:
+        raise Failed(f"a sandbox cannot start: {error.message}") from None
+    finally:
+        with contextlib.suppress(SandbankError, OSError):
+            await runtime.shutdown()
+        await asyncio.to_thread(shutil.rmtree, scratch, ignore_errors=True)
+    if result.return_code != 0 or "imported" not in result.stdout:
+        last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise Failed(
+            f"the data stack does not import in a sandbox (return code "
+            f"{result.return_code}): {last}",
+            "rebuild the runtime image: `make clean install`",
+        )
+    return f"a sandbox imports the data stack ({result.duration_ms} ms)"
+
+
+def check_data_dir(settings: Settings) -> str:
+    from .config import ConfigError
+    from .startup import check_data_dir as check
+
+    try:
+        check(settings)
+    except ConfigError as error:
+        raise Failed(error.message) from None
+    return f"{os.path.abspath(settings.data_dir)} is writable and reachable by sandboxes"
+
+
+def check_database(settings: Settings) -> str:
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from .startup import database_kind
+    from .store import database_url
+    from .store.engine import MIGRATIONS, create_engines
+
+    url = database_url(settings)
+    kind = database_kind(settings)
+    if url == "memory://":
+        raise Warned("in memory: nothing survives a restart")
+    head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+    try:
+        engines = create_engines(url)
+    except SandbankError as error:
+        raise Failed(f"{kind}: {error.message}", "fix SANDBANK_DATABASE_URL") from None
+    except OSError as error:
+        raise Failed(f"{kind}: {error}", "fix SANDBANK_DATABASE_URL or the data dir") from None
+    try:
+        with engines.reader.connect() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
+    except SQLAlchemyError as error:
+        raise Failed(
+            f"{kind}: cannot connect ({type(error).__name__})",
+            "check SANDBANK_DATABASE_URL and that the database server runs",
+        ) from None
+    finally:
+        engines.dispose()
+    if current == head:
+        return f"{kind}: migrations current ({head})"
+    if current is None:
+        return f"{kind}: empty; `sandbank serve` creates the schema"
+    known = {s.revision for s in ScriptDirectory(str(MIGRATIONS)).walk_revisions()}
+    if current not in known:
+        raise Failed(
+            f"{kind}: at revision {current}, unknown to this version (newer?)",
+            "upgrade sandbank to the version that migrated it",
+        )
+    raise Warned(f"{kind}: at {current}; `sandbank serve` migrates it to {head}")
+
+
+async def check_storage(settings: Settings) -> str:
+    from .files import open_object_store
+    from .startup import storage_kind
+
+    kind = storage_kind(settings)
+    key = f"doctor/{os.getpid()}-{time.time_ns()}"
+    payload = b"sandbank doctor\n"
+    try:
+        objects = await open_object_store(settings)
+    except SandbankError as error:
+        raise Failed(f"{kind}: {error.message}", "fix SANDBANK_STORAGE_URL") from None
+    except OSError as error:
+        raise Failed(f"{kind}: {error}", "fix SANDBANK_STORAGE_URL or the data dir") from None
+    try:
+        await objects.put(key, io.BytesIO(payload), len(payload))
+        back = b"".join([chunk async for chunk in await objects.open(key)])
+        await objects.delete(key)
+    except (SandbankError, OSError) as error:
+        raise Failed(
+            f"{kind}: a round trip failed: {error}",
+            "check SANDBANK_STORAGE_URL, the S3 settings and the bucket's permissions",
+        ) from None
+    except Exception as error:
+        raise Failed(
+            f"{kind}: a round trip failed: {type(error).__name__}: {error}",
+            "check SANDBANK_STORAGE_URL, the S3 settings and the bucket's permissions",
+        ) from None
+    finally:
+        await objects.close()
+    if back != payload:
+        raise Failed(f"{kind}: read back other bytes than were written")
+    return f"{kind}: write, read and delete work"
+
+
+def model_check(ask: bool) -> Check:
+    async def check_model(settings: Settings) -> str:
+        from .agent.model import UserMessage
+        from .config import ConfigError
+        from .startup import check_model as check_spec
+
+        if not settings.llm_model:
+            raise Warned("no SANDBANK_LLM_MODEL: the agent is off, questions are refused")
+        try:
+            check_spec(settings)
+        except ConfigError as error:
+            raise Failed(error.message) from None
+        where = settings.llm_base_url or "the provider's endpoint"
+        if not ask:
+            raise Skipped(f"{settings.llm_model} at {where} (`--model` sends a one-token request)")
+        from .agent.anyllm import AnyLLMModel
+
+        one = settings.model_copy(update={"llm_max_output_tokens": 1, "llm_max_retries": 0})
+        try:
+            model = AnyLLMModel(one)
+        except SandbankError as error:
+            raise Failed(error.message) from None
+        started = time.monotonic()
+        try:
+            await model.complete([UserMessage(content="Say OK.")], [])
+        except SandbankError as error:
+            raise Failed(
+                error.message, "check SANDBANK_LLM_BASE_URL, the API key and the model name"
+            ) from None
+        finally:
+            await model.aclose()
+        return f"{settings.llm_model} at {where} answered in {time.monotonic() - started:.1f} s"
+
+    return check_model
+
+
+def check_listening(settings: Settings) -> str:
+    from .app import check_exposure
+    from .execapi.auth import load_tokens
+
+    try:
+        tokens = load_tokens(settings)
+    except OSError as error:
+        raise Failed(
+            f"SANDBANK_EXEC_TOKENS_FILE cannot be read: {error.strerror}",
+            "point it at a readable file of tokens, one per line",
+        ) from None
+    try:
+        check_exposure(settings, tokens)
+    except SandbankError as error:
+        raise Failed(error.message) from None
+    listeners = [(settings.host, settings.port)]
+    if settings.exec_api == "separate":
+        listeners.append((settings.exec_api_host, settings.exec_api_port))
+    busy = [f"{h}:{p}" for h, p in listeners if not _can_bind(h, p)]
+    auth = f"{len(tokens)} exec token(s)" if tokens else "no exec tokens (loopback only)"
+    if busy:
+        raise Warned(f"{', '.join(busy)} in use (a server running already?); {auth}")
+    return f"{', '.join(f'{h}:{p}' for h, p in listeners)} free; {auth}"
+
+
+def _can_bind(host: str, port: int) -> bool:
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError:
+            return False
+    return True
+
+
+def checks(model: bool) -> list[tuple[str, Check]]:
+    return [
+        ("root", check_root),
+        ("bubblewrap", check_bubblewrap),
+        ("cgroups", check_cgroups),
+        ("loop devices", check_loop_devices),
+        ("data dir", check_data_dir),
+        ("runtime image", check_runtime),
+        ("database", check_database),
+        ("storage", check_storage),
+        ("model", model_check(model)),
+        ("listening", check_listening),
+    ]
+
+
+async def _run(settings: Settings, model: bool, out: TextIO) -> list[Outcome]:
+    outcomes = []
+    for name, check in checks(model):
+        try:
+            seen = check(settings)
+            outcome = Outcome(name, "ok", await seen if inspect.isawaitable(seen) else seen)
+        except Skipped as s:
+            outcome = Outcome(name, "skip", s.detail, s.fix)
+        except Warned as w:
+            outcome = Outcome(name, "warn", w.detail, w.fix)
+        except Failed as f:
+            outcome = Outcome(name, "FAIL", f.detail, f.fix)
+        except SandbankError as e:
+            outcome = Outcome(name, "FAIL", e.message)
+        except Exception as e:
+            outcome = Outcome(name, "FAIL", f"{type(e).__name__}: {e}")
+        outcomes.append(outcome)
+        print(f"{outcome.status:<4}  {name:<13}  {outcome.detail}", file=out, flush=True)
+        if outcome.fix:
+            print(f"{'':<4}  {'':<13}  fix: {outcome.fix}", file=out, flush=True)
+    return outcomes
+
+
+def run_checks(settings: Settings, model: bool, out: TextIO) -> int:
+    """Run every check, print one line each (and the fix); 1 when any failed."""
+    outcomes = asyncio.run(_run(settings, model, out))
+    failed = [o.name for o in outcomes if o.status == "FAIL"]
+    if failed:
+        print(f"{len(failed)} check(s) failed: {', '.join(failed)}", file=out)
+        return 1
+    print("all checks passed", file=out)
+    return 0

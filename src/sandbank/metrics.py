@@ -1,0 +1,254 @@
+"""Prometheus metrics: one registry per app, moved at a few choke points, served at /metrics.
+
+The choke points are thin wrappers, so the parts they measure know nothing of metrics: the
+HTTP middleware (requests by route and status), `MeteredRuntime` (sessions, leases, capacity
+refusals, exec latency and return codes) and `MeteredModel` (model calls, tokens, latency).
+Labels are fixed vocabularies (route templates, tool names, outcomes), never ids or secrets.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .agent.model import ChatMessage, Model, ModelReply, ToolSpec
+from .errors import AgentError, AtCapacity
+from .sandbox.base import (
+    RC_KILLED,
+    RC_TIMEOUT,
+    BashCall,
+    EditorCall,
+    ExecResult,
+    OnEvent,
+    ToolCall,
+)
+from .sandbox.sessions import ExecSession, Runtime
+
+if TYPE_CHECKING:
+    from .config import Settings
+    from .execapi.auth import TokenAuth
+
+log = logging.getLogger("sandbank.model")
+# What the worker appends to a stream it cut (sandbox/inside/worker.py).
+TRUNCATED = re.compile(r"\n\[output truncated: \d+ more bytes not shown\]\n$")
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 600)
+
+
+def tool_name(call: ToolCall) -> str:
+    if isinstance(call, BashCall):
+        return "bash"
+    if isinstance(call, EditorCall):
+        return "editor"
+    return "python"
+
+
+def outcome_of(result: ExecResult) -> str:
+    """A return code in words: ok, error, timeout, killed (memory, destroy) or signal."""
+    code = result.return_code
+    if code == 0:
+        return "ok"
+    if code == RC_TIMEOUT:
+        return "timeout"
+    if code == RC_KILLED:
+        return "killed"
+    if code > 128:
+        return "signal"
+    return "error"
+
+
+class Metrics:
+    """Every metric of one server, in a registry of its own (tests build as many as they like)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.http_requests = Counter(
+            "sandbank_http_requests",
+            "HTTP requests answered.",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.http_seconds = Histogram(
+            "sandbank_http_request_seconds",
+            "Time to answer an HTTP request (to the start of the response).",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.http_bytes = Counter(
+            "sandbank_http_bytes",
+            "Bytes of request and response bodies (file uploads and downloads among them).",
+            ["route", "direction"],
+            registry=r,
+        )
+        self.sessions_created = Counter(
+            "sandbank_sessions_created", "Sandbox sessions leased.", registry=r
+        )
+        self.sessions_destroyed = Counter(
+            "sandbank_sessions_destroyed", "Sandbox sessions released by a client.", registry=r
+        )
+        self.capacity_refusals = Counter(
+            "sandbank_capacity_refusals",
+            "Leases refused: at capacity or shutting down.",
+            registry=r,
+        )
+        self.pool_ready = Gauge(
+            "sandbank_pool_ready", "Sandboxes started and waiting in the warm pool.", registry=r
+        )
+        self.exec_seconds = Histogram(
+            "sandbank_exec_seconds",
+            "Time of one tool call in a sandbox.",
+            ["tool"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.exec_results = Counter(
+            "sandbank_exec_results",
+            "Tool calls by how they ended: ok, error (non-zero), timeout (124), killed (137), "
+            "signal (128+N).",
+            ["tool", "outcome"],
+            registry=r,
+        )
+        self.truncations = Counter(
+            "sandbank_output_truncations",
+            "Tool calls whose output was cut at SANDBANK_OUTPUT_LIMIT_BYTES, by stream.",
+            ["stream"],
+            registry=r,
+        )
+        self.model_calls = Counter(
+            "sandbank_model_calls", "Requests to the model, by outcome.", ["outcome"], registry=r
+        )
+        self.model_seconds = Histogram(
+            "sandbank_model_seconds",
+            "Time of one model request.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.model_tokens = Counter(
+            "sandbank_model_tokens",
+            "Tokens sent to (in) and written by (out) the model.",
+            ["direction"],
+            registry=r,
+        )
+
+    def watch_runtime(self, runtime: Runtime) -> None:
+        """Gauges read the runtime when scraped: no bookkeeping can drift."""
+        self.registry.register(SessionStates(runtime))
+        self.pool_ready.set_function(lambda: runtime.pool.ready)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class SessionStates(Collector):
+    """`sandbank_sessions{state}`: leased sessions running a call (busy) or not (idle)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "sandbank_sessions", "Sandbox sessions leased now, by state.", labels=["state"]
+        )
+        sessions = self.runtime.sessions()
+        busy = sum(1 for s in sessions if s.inflight)
+        family.add_metric(["busy"], busy)
+        family.add_metric(["idle"], len(sessions) - busy)
+        yield family
+
+
+class MeteredRuntime(Runtime):
+    """The runtime, counting at its public methods."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, **kwargs: Any) -> None:
+        super().__init__(settings, **kwargs)
+        self.metrics = metrics
+        metrics.watch_runtime(self)
+
+    async def create(
+        self, tenant: str, idle_timeout: int | None = None, max_lifetime: int | None = None
+    ) -> ExecSession:
+        try:
+            session = await super().create(tenant, idle_timeout, max_lifetime)
+        except AtCapacity:
+            self.metrics.capacity_refusals.inc()
+            raise
+        self.metrics.sessions_created.inc()
+        return session
+
+    async def execute(
+        self,
+        session_id: str,
+        tenant: str,
+        call: ToolCall,
+        timeout: float,
+        on_event: OnEvent | None = None,
+    ) -> ExecResult:
+        started = time.monotonic()
+        result = await super().execute(session_id, tenant, call, timeout, on_event)
+        tool = tool_name(call)
+        self.metrics.exec_seconds.labels(tool).observe(time.monotonic() - started)
+        self.metrics.exec_results.labels(tool, outcome_of(result)).inc()
+        for stream, text in (("stdout", result.stdout), ("stderr", result.stderr)):
+            if TRUNCATED.search(text[-200:]):
+                self.metrics.truncations.labels(stream).inc()
+        return result
+
+    async def destroy(self, session_id: str, tenant: str) -> None:
+        await super().destroy(session_id, tenant)
+        self.metrics.sessions_destroyed.inc()
+
+
+class MeteredModel:
+    """A `Model` that counts the requests, tokens and latency of the one it wraps, and logs
+    each failure with the provider and endpoint (the operator's details; users see less)."""
+
+    def __init__(self, model: Model, metrics: Metrics, endpoint: str = "") -> None:
+        self.model = model
+        self.metrics = metrics
+        self.endpoint = endpoint
+
+    async def complete(self, messages: list[ChatMessage], tools: list[ToolSpec]) -> ModelReply:
+        started = time.monotonic()
+        try:
+            reply = await self.model.complete(messages, tools)
+        except AgentError as error:
+            self.metrics.model_calls.labels("error").inc()
+            log.warning("model request failed (%s): %s", self.endpoint, error.message)
+            raise
+        finally:
+            self.metrics.model_seconds.observe(time.monotonic() - started)
+        self.metrics.model_calls.labels("ok").inc()
+        self.metrics.model_tokens.labels("in").inc(reply.usage.input_tokens)
+        self.metrics.model_tokens.labels("out").inc(reply.usage.output_tokens)
+        return reply
+
+    async def aclose(self) -> None:
+        close = getattr(self.model, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def endpoint(metrics: Metrics, auth: TokenAuth) -> Any:
+    """GET /metrics, behind the code-execution API's tokens when there are any."""
+
+    async def serve(request: Request) -> Response:
+        auth.tenant(request.headers.get("authorization"))  # Unauthorized (401) without one
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    return serve
