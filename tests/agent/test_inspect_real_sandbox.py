@@ -9,7 +9,7 @@ import pytest
 
 from sandbank.agent.inspect_snippet import MARKER, inspect_code
 from sandbank.sandbox.base import PythonCall
-from sandbank.sandbox.sessions import Runtime, Session
+from sandbank.sandbox.sessions import ExecSession, Runtime
 from tests.support import data_dir, settings
 
 pytestmark = pytest.mark.anyio
@@ -33,7 +33,7 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[tuple[Runtime, Session]]:
+async def session() -> AsyncIterator[tuple[Runtime, ExecSession]]:
     with data_dir() as data:
         runtime = Runtime(settings(data))
         await runtime.start()
@@ -44,7 +44,7 @@ async def session() -> AsyncIterator[tuple[Runtime, Session]]:
 
 
 async def test_an_excel_preview_shows_only_the_real_columns(
-    session: tuple[Runtime, Session],
+    session: tuple[Runtime, ExecSession],
 ) -> None:
     runtime, s = session
     made = await runtime.execute(s.id, TENANT, PythonCall(MAKE_SHEETS), 60)

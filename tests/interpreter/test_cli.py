@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from tests.interpreter.fake_llm import FakeLLM
-from tests.interpreter.harness import SANDBANK, Server, openai_env, running
+from tests.interpreter.harness import Server, openai_env, running
+from tests.support import SANDBANK
 
 ADMIN = "admin-token-for-tests"
 
