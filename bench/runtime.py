@@ -55,6 +55,20 @@ async def call(rt: Runtime, sid: str, code: str) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
+async def first_event(rt: Runtime, sid: str) -> float:
+    """Time from a streamed call's start to its first output, the call going on after it."""
+    t0 = time.perf_counter()
+    first: list[float] = []
+
+    def on_event(kind: str, data: object) -> None:
+        if kind == "stdout" and not first:
+            first.append((time.perf_counter() - t0) * 1000)
+
+    code = "print(1, flush=True)\nimport time; time.sleep(0.05)"
+    await rt.execute(sid, TENANT, PythonCall(code), 60, on_event)
+    return first[0]
+
+
 async def main(args: argparse.Namespace) -> None:
     data = Path(tempfile.mkdtemp(prefix="sandbank-bench-"))
     data.chmod(0o711)  # noqa: ASYNC240 - set-up, before anything is measured
@@ -62,7 +76,7 @@ async def main(args: argparse.Namespace) -> None:
     rt = Runtime(settings)
     await rt.start()
     try:
-        leases, firsts, warms, pandas, pss = [], [], [], [], []
+        leases, firsts, warms, pandas, pss, ttfb = [], [], [], [], [], []
         for _ in range(args.rounds):
             await rt.pool.wait_full(timeout=300)
             t0 = time.perf_counter()
@@ -71,8 +85,10 @@ async def main(args: argparse.Namespace) -> None:
             firsts.append(await call(rt, s.id, "print(1)"))
             for _ in range(50):
                 warms.append(await call(rt, s.id, "print(1)"))
-            assert isinstance(s.sandbox, BwrapSandbox)
-            pss.append(pss_mib(s.sandbox))
+            for _ in range(5):
+                ttfb.append(await first_event(rt, s.id))
+            if isinstance(s.sandbox, BwrapSandbox):
+                pss.append(pss_mib(s.sandbox))
             await rt.destroy(s.id, TENANT)
         charts: list[float] = []
         for _ in range(max(5, args.rounds // 2)):
@@ -85,9 +101,11 @@ async def main(args: argparse.Namespace) -> None:
         report("lease from the warm pool", leases)
         report("first call after a lease (print(1))", firsts)
         report("warm print(1) round trip", warms)
+        report("streamed call: first stdout event", ttfb)
         report("first pandas call of a fresh lease", pandas)
         report("then a first chart (saved as PNG)", charts)
-        report("idle PSS per session (pool, preimported)", pss, "MiB")
+        if pss:
+            report("idle PSS per session (pool, preimported)", pss, "MiB")
 
         await rt.pool.wait_full(timeout=300)
         done = 0
