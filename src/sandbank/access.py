@@ -33,6 +33,8 @@ def route_of(scope: Scope, root: str) -> str:
 
 
 class AccessMiddleware:
+    """Gives each request an id, logs one access line and counts it."""
+
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics

@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import ConfigError, Settings, load_settings, unknown_variables
-from .errors import SandbankError
+from .config import Settings, load_settings, unknown_variables
+from .errors import ConfigError, SandbankError
 
 if TYPE_CHECKING:
     from .store import Store
@@ -62,15 +62,10 @@ def serve(args: argparse.Namespace) -> int:
 
     warnings: list[str] = []
     settings = _settings(args, warn=warnings.append)
-    try:
-        startup.check(settings)
-    except ConfigError:
-        for warning in warnings:
-            _warn(warning)
-        raise
-    logs.setup(settings)
-    for warning in warnings:  # through the log: in its format (JSON, perhaps)
+    logs.setup(settings)  # first: what the checks log is in the log's format (JSON, perhaps)
+    for warning in warnings:
         log.warning("%s", warning)
+    startup.check(settings)
     log.info("%s", startup.summary(settings))
     return run(settings)
 

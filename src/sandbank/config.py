@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .errors import SandbankError
+from .errors import ConfigError
 
 MiB = 1024 * 1024
 PREFIX = "SANDBANK_"
@@ -27,10 +27,6 @@ NOT_SETTINGS = frozenset(
         "SANDBANK_WORKSPACE",
     }
 )
-
-
-class ConfigError(SandbankError):
-    """A setting's value cannot be used; the message is one line naming the variable."""
 
 
 def _default_runtime_dir() -> Path:

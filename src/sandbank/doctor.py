@@ -48,6 +48,8 @@ class Warned(Failed):
 
 
 class Skipped(Failed):
+    """A check that does not apply here (and says why)."""
+
     pass
 
 
@@ -147,7 +149,7 @@ async def check_runtime(settings: Settings) -> str:
 
 
 def check_data_dir(settings: Settings) -> str:
-    from .config import ConfigError
+    from .errors import ConfigError
     from .startup import check_data_dir as check
 
     try:
@@ -237,7 +239,7 @@ async def check_storage(settings: Settings) -> str:
 def model_check(ask: bool) -> Check:
     async def check_model(settings: Settings) -> str:
         from .agent.model import UserMessage
-        from .config import ConfigError
+        from .errors import ConfigError
         from .startup import check_model as check_spec
 
         if not settings.llm_model:

@@ -21,6 +21,8 @@ QUIET = ("alembic",)
 
 
 class RequestIdFilter(logging.Filter):
+    """Adds the request's id and session id to every log record made while serving it."""
+
     def filter(self, record: logging.LogRecord) -> bool:
         rid, sid = request_id.get(), session_id.get()
         record.request_id = rid
@@ -30,6 +32,8 @@ class RequestIdFilter(logging.Filter):
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per log line."""
+
     def format(self, record: logging.LogRecord) -> str:
         item: dict[str, Any] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))

@@ -9,7 +9,8 @@ from importlib import metadata
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .config import ConfigError, Settings
+from .config import Settings
+from .errors import ConfigError
 
 SUGGESTED_DATA_DIR = "/var/lib/sandbank"
 

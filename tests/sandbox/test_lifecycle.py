@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,14 @@ from tests.support import UID_LOCK_DIR, data_dir, processes_of_uids, settings
 pytestmark = [pytest.mark.anyio, pytest.mark.claims(INTERPRETERS)]
 
 
+async def wait_until_gone(uids: set[int], timeout: float = 10.0) -> list[int]:
+    """The processes of `uids` left once they had `timeout` seconds to be reaped."""
+    deadline = time.monotonic() + timeout
+    while (left := processes_of_uids(uids)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return left
+
+
 def _nothing_left(backend: Backend) -> dict[str, list[str]]:
     return {k: v for k, v in backend.leftovers().items() if v}
 
@@ -36,7 +45,7 @@ async def test_destroy_kills_every_process_and_removes_every_resource(runtime: R
     assert processes_of_uids({uid})
     await runtime.destroy(sh.session.id, "tests")
     await runtime.drain()
-    assert processes_of_uids({uid}) == []
+    assert await wait_until_gone({uid}) == []
     assert str(uid) not in runtime.backend.leftovers()["uids"]
     assert not sh.session.sandbox.workspace.exists()
     with pytest.raises(SessionNotFound):
@@ -58,7 +67,7 @@ async def test_fifty_create_destroy_cycles_leave_exactly_nothing_behind() -> Non
             await rt.drain()
             rt.reap()
             assert _nothing_left(rt.backend) == {}
-            assert processes_of_uids(uids) == []
+            assert await wait_until_gone(uids) == []
         finally:
             await rt.shutdown()
         # After shutdown even the instance's parent cgroups are gone.
@@ -90,7 +99,7 @@ async def test_a_restart_cleans_what_a_crashed_run_of_the_same_data_dir_left_onl
             leftovers = crashed.leftovers()
             assert leftovers["cgroups"] == [] and leftovers["mounts"] == []
             assert leftovers["dirs"] == []
-            assert processes_of_uids({uid}) == []
+            assert await wait_until_gone({uid}) == []  # killed, and reaped (asynchronously)
             # Another data directory's sandbox was not touched.
             r = await bystander.execute(
                 PythonCall("print('alive')"), asyncio.get_running_loop().time() + 10
@@ -242,10 +251,13 @@ def test_defaults_are_wired() -> None:
         uids=UidAllocator(UID_LOCK_DIR, 1, 1), limits=lim, preimport=True, seccomp_program=b"",
     )  # fmt: skip
     sandbox.uid = 123456
-    argv = sandbox._argv(9, 10)
-    assert argv[argv.index("--size") + 1] == str(s.tmp_limit_mb * MiB)
-    assert str(lim.open_files) in argv and "--seccomp" in argv and "--unshare-all" in argv
-    assert "--reuid=123456" in argv and "--no-new-privs" in argv
+    args = sandbox._argv(9, 10, {"/etc/passwd": 11})
+    assert args[args.index("--size") + 1] == str(s.tmp_limit_mb * MiB)
+    assert "--seccomp" in args and "--unshare-all" in args
+    assert args[args.index("--file") : args.index("--file") + 3] == ["--file", "11", "/etc/passwd"]
+    launcher = sandbox._launcher(12)
+    assert str(lim.open_files) in launcher and "--reuid=123456" in launcher
+    assert "--no-new-privs" in launcher and launcher[launcher.index("--args") + 1] == "12"
 
 
 def test_missing_isolation_tools_fail_with_what_to_install(
