@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Iterator
 
 import httpx
+import pytest
 
 from tests.execapi.conftest import run
-from tests.support import Server
+from tests.support import Server, data_dir
 
 
 def _loop_devices_of(path: str) -> list[str]:
@@ -16,9 +18,24 @@ def _loop_devices_of(path: str) -> list[str]:
     return [line for line in out.splitlines() if path in line]
 
 
-def test_destroy_during_a_stalled_download_gives_the_disk_back(
-    client: httpx.Client, server: Server
-) -> None:
+@pytest.fixture(scope="module")
+def unpooled() -> Iterator[Server]:
+    """A server without a warm pool: every loop device under its data dir is a session's."""
+    with data_dir() as d:
+        srv = Server(d, pool_size=0).start()
+        try:
+            yield srv
+        finally:
+            srv.stop()
+
+
+def test_destroy_during_a_stalled_download_gives_the_disk_back(unpooled: Server) -> None:
+    server = unpooled
+    with server.client() as client:
+        _destroy_during_download(server, client)
+
+
+def _destroy_during_download(server: Server, client: httpx.Client) -> None:
     sid = client.post("/sessions", json={}).json()["session_id"]
     run(client, sid, "code_execution", code="open('big.bin', 'wb').write(b'x' * 8_000_000)")
     image_dir = str(server.data.resolve() / "sandboxes")

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.claims(INTERPRETERS)]
 async def wait_until_gone(uids: set[int], timeout: float = 10.0) -> list[int]:
     """The processes of `uids` left once they had `timeout` seconds to be reaped."""
     deadline = time.monotonic() + timeout
-    while (left := processes_of_uids(uids)) and time.monotonic() < deadline:
+    while (left := processes_of_uids(uids)) and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.05)
     return left
 
