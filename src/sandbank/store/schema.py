@@ -62,3 +62,21 @@ files = sa.Table(
     sa.Column("origin", sa.String(16), nullable=False),
     sa.Column("updated_at", sa.Double(), nullable=False),
 )
+
+# The run of a posted question: a job leased by one replica at a time (migration 0002).
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("id", sa.String(36), primary_key=True),
+    sa.Column("session_id", sa.ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("user_id", sa.String(36), nullable=False),
+    sa.Column("question_at", sa.Double(), nullable=False),  # the question message's timestamp
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("owner", sa.String(64), nullable=True),  # the replica holding the lease
+    sa.Column("lease_until", sa.Double(), nullable=True),
+    sa.Column("cancel_requested", sa.Boolean(), nullable=False),
+    sa.Column("attempts", sa.Integer(), nullable=False),  # claims so far
+    sa.Column("created_at", sa.Double(), nullable=False),
+    sa.Column("updated_at", sa.Double(), nullable=False),
+    sa.Column("message", sa.Text(), nullable=True),  # how it ended
+)

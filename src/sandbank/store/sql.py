@@ -15,13 +15,19 @@ from sqlalchemy import exc as sa_exc
 
 from sandbank.errors import Conflict, NotFound, SandbankError, SessionNotFound
 from sandbank.store.base import (
+    ACTIVE_RUN_STATES,
     ApiKey,
+    CancelOutcome,
     FileRecord,
+    LeaseLost,
     Message,
     Origin,
     Role,
+    Run,
+    RunState,
     Session,
     SessionStatus,
+    StartRefusal,
     User,
     hash_secret,
     new_key_id,
@@ -29,10 +35,14 @@ from sandbank.store.base import (
     next_timestamp,
 )
 from sandbank.store.engine import Engines, create_engines, migrate
-from sandbank.store.schema import api_keys, files, messages, sessions, users
+from sandbank.store.schema import api_keys, files, messages, runs, sessions, users
 
 T = TypeVar("T")
 Conn = sa.Connection
+# Any constant will do: every replica takes it while deciding whether a question may start,
+# so the per-user and total run limits hold for the whole fleet.
+RUN_START_LOCK_ID = 0x5A4D_B4E5
+CANCELLED = "cancelled"
 
 
 class SqlStore:
@@ -229,11 +239,16 @@ class SqlStore:
 
         await self._write(run)
 
-    async def fail_pending_runs(self, message: str) -> list[str]:
+    async def fail_orphan_pending(self, message: str) -> list[str]:
         def run(conn: Conn) -> list[str]:
+            has_run = (
+                sa.select(runs.c.id)
+                .where(runs.c.session_id == sessions.c.id, runs.c.state.in_(ACTIVE_RUN_STATES))
+                .exists()
+            )
             ids = conn.execute(
                 sa.update(sessions)
-                .where(sessions.c.status == "PENDING")
+                .where(sessions.c.status == "PENDING", ~has_run)
                 .values(status="ERROR", status_message=message)
                 .returning(sessions.c.id)
             ).scalars()
@@ -255,29 +270,273 @@ class SqlStore:
             query = query.where(sessions.c.user_id == user_id)
         return await self._read(_scalar_int(query))
 
+    # --- runs: leased jobs ------------------------------------------------------------------
+    async def start_run(
+        self,
+        session_id: str,
+        content: str,
+        *,
+        max_per_user: int,
+        max_total: int,
+        owner: str | None,
+        lease_seconds: float,
+    ) -> tuple[Message, Run] | StartRefusal:
+        def run(conn: Conn) -> tuple[Message, Run] | StartRefusal:
+            if not self._engines.is_sqlite:
+                # Counting then starting must not interleave with another replica's start.
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(RUN_START_LOCK_ID)))
+            last = _lock_session(conn, session_id)
+            row = conn.execute(
+                sa.select(sessions.c.user_id, sessions.c.status).where(sessions.c.id == session_id)
+            ).one()
+            if row.status == "PENDING":
+                return "busy"
+            pending = sa.select(sa.func.count()).where(sessions.c.status == "PENDING")
+            mine = pending.where(sessions.c.user_id == row.user_id)
+            if int(conn.execute(mine).scalar() or 0) >= max_per_user:
+                return "user_limit"
+            if int(conn.execute(pending).scalar() or 0) >= max_total:
+                return "total_limit"
+            conn.execute(
+                sa.update(sessions)
+                .where(sessions.c.id == session_id)
+                .values(status="PENDING", status_message="starting")
+            )
+            question = _insert_message(conn, session_id, last, "user", content, False)
+            now = time.time()
+            started = Run(
+                id=str(uuid.uuid4()),
+                session_id=session_id,
+                user_id=row.user_id,
+                question_at=question.timestamp,
+                state="queued" if owner is None else "running",
+                owner=owner,
+                lease_until=None if owner is None else now + lease_seconds,
+                cancel_requested=False,
+                attempts=0 if owner is None else 1,
+                created_at=now,
+            )
+            conn.execute(
+                sa.insert(runs).values(
+                    id=started.id,
+                    session_id=session_id,
+                    user_id=started.user_id,
+                    question_at=started.question_at,
+                    state=started.state,
+                    owner=owner,
+                    lease_until=started.lease_until,
+                    cancel_requested=False,
+                    attempts=started.attempts,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+            return question, started
+
+        return await self._write(run)
+
+    async def claim_runs(self, owner: str, limit: int, lease_seconds: float) -> list[Run]:
+        def run(conn: Conn) -> list[Run]:
+            now = time.time()
+            claimable = (
+                sa.select(runs.c.id)
+                .where(
+                    sa.or_(
+                        runs.c.state == "queued",
+                        sa.and_(runs.c.state == "running", runs.c.lease_until < now),
+                    )
+                )
+                .order_by(runs.c.created_at)
+                .limit(limit)
+                # Rows another claimer is taking are skipped, never waited for nor shared.
+                .with_for_update(skip_locked=True)
+            )
+            ids = list(conn.execute(claimable).scalars())
+            if not ids:
+                return []
+            rows = conn.execute(
+                sa.update(runs)
+                .where(runs.c.id.in_(ids))
+                .values(
+                    state="running",
+                    owner=owner,
+                    lease_until=now + lease_seconds,
+                    attempts=runs.c.attempts + 1,
+                    updated_at=now,
+                )
+                .returning(*runs.c)
+            ).all()
+            return sorted((_run(r) for r in rows), key=lambda r: r.created_at)
+
+        if limit <= 0:
+            return []
+        return await self._write(run)
+
+    async def renew_runs(
+        self, owner: str, run_ids: list[str], lease_seconds: float
+    ) -> dict[str, bool]:
+        def run(conn: Conn) -> dict[str, bool]:
+            now = time.time()
+            rows = conn.execute(
+                sa.update(runs)
+                .where(runs.c.id.in_(run_ids), runs.c.owner == owner, runs.c.state == "running")
+                .values(lease_until=now + lease_seconds, updated_at=now)
+                .returning(runs.c.id, runs.c.cancel_requested)
+            ).all()
+            return {r.id: bool(r.cancel_requested) for r in rows}
+
+        if not run_ids:
+            return {}
+        return await self._write(run)
+
+    async def finish_run(
+        self, run: Run, status: SessionStatus, message: str | None, state: RunState
+    ) -> bool:
+        def do(conn: Conn) -> bool:
+            try:
+                _lock_session(conn, run.session_id)
+            except SessionNotFound:
+                return False
+            ended = conn.execute(
+                _held(run).values(
+                    state=state, lease_until=None, message=message, updated_at=time.time()
+                )
+            ).rowcount
+            if ended:
+                conn.execute(
+                    sa.update(sessions)
+                    .where(sessions.c.id == run.session_id)
+                    .values(status=status, status_message=message)
+                )
+            return bool(ended)
+
+        return await self._write(do)
+
+    async def release_run(self, run: Run, status_message: str | None) -> bool:
+        def do(conn: Conn) -> bool:
+            try:
+                _lock_session(conn, run.session_id)
+            except SessionNotFound:
+                return False
+            released = conn.execute(
+                _held(run).values(
+                    state="queued", owner=None, lease_until=None, updated_at=time.time()
+                )
+            ).rowcount
+            if released:
+                conn.execute(
+                    sa.update(sessions)
+                    .where(sessions.c.id == run.session_id)
+                    .values(status_message=status_message)
+                )
+            return bool(released)
+
+        return await self._write(do)
+
+    async def request_cancel(self, session_id: str) -> CancelOutcome:
+        def do(conn: Conn) -> CancelOutcome:
+            _lock_session(conn, session_id)
+            row = conn.execute(
+                sa.select(runs)
+                .where(runs.c.session_id == session_id, runs.c.state.in_(ACTIVE_RUN_STATES))
+                .with_for_update()
+            ).first()
+            if row is None:
+                return "none"
+            now = time.time()
+            if row.state == "queued" or (row.lease_until or 0) < now:
+                # Nobody works on it: end it here rather than wait for a claimer.
+                conn.execute(
+                    sa.update(runs)
+                    .where(runs.c.id == row.id)
+                    .values(
+                        state="cancelled",
+                        cancel_requested=True,
+                        lease_until=None,
+                        message=CANCELLED,
+                        updated_at=now,
+                    )
+                )
+                conn.execute(
+                    sa.update(sessions)
+                    .where(sessions.c.id == session_id)
+                    .values(status="ERROR", status_message=CANCELLED)
+                )
+                return "ended"
+            conn.execute(
+                sa.update(runs)
+                .where(runs.c.id == row.id)
+                .values(cancel_requested=True, updated_at=now)
+            )
+            return "requested"
+
+        return await self._write(do)
+
+    async def get_run(self, run_id: str) -> Run | None:
+        row = await self._read(_one(sa.select(runs).where(runs.c.id == run_id)))
+        return None if row is None else _run(row)
+
+    async def active_run(self, session_id: str) -> Run | None:
+        query = sa.select(runs).where(
+            runs.c.session_id == session_id, runs.c.state.in_(ACTIVE_RUN_STATES)
+        )
+        row = await self._read(_one(query))
+        return None if row is None else _run(row)
+
+    async def expire_leases(self) -> int:
+        def do(conn: Conn) -> int:
+            result = conn.execute(
+                sa.update(runs).where(runs.c.state == "running").values(lease_until=0.0)
+            )
+            return int(result.rowcount)
+
+        return await self._write(do)
+
+    async def set_progress(self, run: Run, message: str) -> None:
+        def do(conn: Conn) -> None:
+            held = (
+                sa.select(runs.c.id)
+                .where(runs.c.id == run.id, runs.c.owner == run.owner, runs.c.state == "running")
+                .exists()
+            )
+            result = conn.execute(
+                sa.update(sessions)
+                .where(sessions.c.id == run.session_id, held)
+                .values(status_message=message)
+            )
+            if not result.rowcount:
+                raise LeaseLost(f"run {run.id} is no longer held by {run.owner}")
+
+        await self._write(do)
+
     # --- messages ----------------------------------------------------------------------------
     async def add_message(
-        self, session_id: str, role: Role, content: str, internal: bool = False
+        self,
+        session_id: str,
+        role: Role,
+        content: str,
+        internal: bool = False,
+        fence: Run | None = None,
     ) -> Message:
         def run(conn: Conn) -> Message:
             # The session row lock (PostgreSQL) or the write lock (SQLite) is held until
             # commit, so timestamps are assigned and become visible in the same order: a
             # reader polling with the last timestamp it saw cannot miss a message.
             last = _lock_session(conn, session_id)
-            stamp = next_timestamp(last)
-            conn.execute(
-                sa.update(sessions).where(sessions.c.id == session_id).values(last_message_at=stamp)
-            )
-            conn.execute(
-                sa.insert(messages).values(
-                    session_id=session_id,
-                    timestamp=stamp,
-                    role=role,
-                    content=content,
-                    internal=internal,
-                )
-            )
-            return Message(session_id, stamp, role, content, internal)
+            if fence is not None:
+                # A shared lock on the run: a takeover waits for (or skips) this commit.
+                held = conn.execute(
+                    sa.select(runs.c.id)
+                    .where(
+                        runs.c.id == fence.id,
+                        runs.c.owner == fence.owner,
+                        runs.c.state == "running",
+                    )
+                    .with_for_update(read=True)
+                ).first()
+                if held is None:
+                    raise LeaseLost(f"run {fence.id} is no longer held by {fence.owner}")
+            return _insert_message(conn, session_id, last, role, content, internal)
 
         return await self._write(run)
 
@@ -351,6 +610,29 @@ def _transact(engine: sa.Engine, fn: Callable[[Conn], T]) -> T:
         raise SandbankError(f"database error: {exc.__class__.__name__}") from exc
 
 
+def _insert_message(
+    conn: Conn, session_id: str, last: float | None, role: Role, content: str, internal: bool
+) -> Message:
+    """Append a message to a session whose row the caller locked (its latest stamp: `last`)."""
+    stamp = next_timestamp(last)
+    conn.execute(
+        sa.update(sessions).where(sessions.c.id == session_id).values(last_message_at=stamp)
+    )
+    conn.execute(
+        sa.insert(messages).values(
+            session_id=session_id, timestamp=stamp, role=role, content=content, internal=internal
+        )
+    )
+    return Message(session_id, stamp, role, content, internal)
+
+
+def _held(run: Run) -> sa.Update:
+    """An UPDATE of `run` that matches only while its owner still holds it."""
+    return sa.update(runs).where(
+        runs.c.id == run.id, runs.c.owner == run.owner, runs.c.state == "running"
+    )
+
+
 def _lock_session(conn: Conn, session_id: str) -> float | None:
     row = conn.execute(
         sa.select(sessions.c.last_message_at)
@@ -381,6 +663,22 @@ def _user(row: sa.Row[Any]) -> User:
 def _session(row: sa.Row[Any]) -> Session:
     status = cast(SessionStatus, row.status)
     return Session(row.id, row.user_id, status, row.status_message, row.created_at, row.ttl)
+
+
+def _run(row: sa.Row[Any]) -> Run:
+    return Run(
+        id=row.id,
+        session_id=row.session_id,
+        user_id=row.user_id,
+        question_at=row.question_at,
+        state=cast(RunState, row.state),
+        owner=row.owner,
+        lease_until=row.lease_until,
+        cancel_requested=bool(row.cancel_requested),
+        attempts=int(row.attempts),
+        created_at=row.created_at,
+        message=row.message,
+    )
 
 
 def _file(row: sa.Row[Any]) -> FileRecord:

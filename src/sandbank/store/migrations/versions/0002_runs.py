@@ -1,0 +1,43 @@
+"""Runs as leased jobs: the run of each posted question, which replica holds it, until when."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0002"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "runs",
+        sa.Column("id", sa.String(36), primary_key=True),
+        sa.Column(
+            "session_id",
+            sa.String(36),
+            sa.ForeignKey("sessions.id", ondelete="CASCADE"),
+            nullable=False,
+            index=True,
+        ),
+        sa.Column("user_id", sa.String(36), nullable=False),
+        sa.Column("question_at", sa.Double(), nullable=False),
+        # queued | running | done | error | cancelled
+        sa.Column("state", sa.String(16), nullable=False),
+        sa.Column("owner", sa.String(64), nullable=True),
+        sa.Column("lease_until", sa.Double(), nullable=True),
+        sa.Column("cancel_requested", sa.Boolean(), nullable=False, server_default=sa.false()),
+        sa.Column("attempts", sa.Integer(), nullable=False, server_default="0"),
+        sa.Column("created_at", sa.Double(), nullable=False),
+        sa.Column("updated_at", sa.Double(), nullable=False),
+        sa.Column("message", sa.Text(), nullable=True),
+    )
+    # Claimers look for queued runs and running ones whose lease ran out.
+    op.create_index("ix_runs_state_lease", "runs", ["state", "lease_until"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_runs_state_lease", table_name="runs")
+    op.drop_table("runs")
