@@ -55,6 +55,7 @@ CODE = {
     "sleep": "import time\nprint('sleeping', flush=True)\ntime.sleep(300)",
     "report": REPORT_CODE,
     "page": PAGE_CODE,
+    "nap": "import time\ntime.sleep(1.5)\nprint('rested')",
 }
 # Keyword in the question → the final answer (`{result}`: the tool's output as the model saw it).
 ANSWERS = {
