@@ -242,3 +242,17 @@ def test_replicas_starting_together_migrate_once(postgres_server: str) -> None:
         for store in opened:
             store._engines.dispose()
         _drop_database(postgres_server, name)
+
+
+async def test_upload_forms_are_noted_until_dropped_and_go_with_their_session(
+    store: Store,
+) -> None:
+    sid = await _session(store)
+    await store.note_upload(sid, "a.csv", 100.0)
+    await store.note_upload(sid, "a.csv", 200.0)  # a second form for the same name
+    await store.note_upload(sid, "b.csv", 300.0)
+    assert await store.pending_uploads(sid) == {"a.csv": 200.0, "b.csv": 300.0}
+    await store.drop_upload(sid, "a.csv")
+    assert await store.pending_uploads(sid) == {"b.csv": 300.0}
+    await store.delete_session(sid)
+    assert await store.pending_uploads(sid) == {}

@@ -40,6 +40,7 @@ class MemoryStore:
         self._messages: dict[str, list[Message]] = {}
         self._files: dict[tuple[str, str], FileRecord] = {}
         self._runs: dict[str, Run] = {}
+        self._uploads: dict[str, dict[str, float]] = {}
 
     async def close(self) -> None:
         pass
@@ -122,6 +123,7 @@ class MemoryStore:
         del self._sessions[session_id]
         del self._messages[session_id]
         self._runs = {k: r for k, r in self._runs.items() if r.session_id != session_id}
+        self._uploads.pop(session_id, None)
         self._files = {k: v for k, v in self._files.items() if k[0] != session_id}
 
     async def delete_session(self, session_id: str) -> bool:
@@ -359,3 +361,14 @@ class MemoryStore:
         return sum(
             f.size for f in self._files.values() if self._sessions[f.session_id].user_id == user_id
         )
+
+    # --- upload forms awaiting their object (S3) ---------------------------------------------
+    async def note_upload(self, session_id: str, filename: str, expires_at: float) -> None:
+        self._session(session_id)
+        self._uploads.setdefault(session_id, {})[filename] = expires_at
+
+    async def pending_uploads(self, session_id: str) -> dict[str, float]:
+        return dict(self._uploads.get(session_id, {}))
+
+    async def drop_upload(self, session_id: str, filename: str) -> None:
+        self._uploads.get(session_id, {}).pop(filename, None)

@@ -80,3 +80,13 @@ runs = sa.Table(
     sa.Column("updated_at", sa.Double(), nullable=False),
     sa.Column("message", sa.Text(), nullable=True),  # how it ended
 )
+
+# Upload forms handed out for an object store that calls nobody back (S3): every replica
+# reconciles them with the objects, whichever replica handed the form out (migration 0002).
+pending_uploads = sa.Table(
+    "pending_uploads",
+    metadata,
+    sa.Column("session_id", sa.ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("filename", sa.String(1024), primary_key=True),
+    sa.Column("expires_at", sa.Double(), nullable=False),
+)

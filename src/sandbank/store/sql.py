@@ -35,7 +35,15 @@ from sandbank.store.base import (
     next_timestamp,
 )
 from sandbank.store.engine import Engines, create_engines, migrate
-from sandbank.store.schema import api_keys, files, messages, runs, sessions, users
+from sandbank.store.schema import (
+    api_keys,
+    files,
+    messages,
+    pending_uploads,
+    runs,
+    sessions,
+    users,
+)
 
 T = TypeVar("T")
 Conn = sa.Connection
@@ -593,6 +601,43 @@ class SqlStore:
             .where(sessions.c.user_id == user_id)
         )
         return await self._read(_scalar_int(query))
+
+    # --- upload forms awaiting their object (S3) ---------------------------------------------
+    async def note_upload(self, session_id: str, filename: str, expires_at: float) -> None:
+        def run(conn: Conn) -> None:
+            where = (
+                pending_uploads.c.session_id == session_id,
+                pending_uploads.c.filename == filename,
+            )
+            updated = conn.execute(
+                sa.update(pending_uploads).where(*where).values(expires_at=expires_at)
+            ).rowcount
+            if not updated:
+                conn.execute(
+                    sa.insert(pending_uploads).values(
+                        session_id=session_id, filename=filename, expires_at=expires_at
+                    )
+                )
+
+        try:
+            await self._write(run)
+        except _Integrity:
+            raise SessionNotFound(f"no session {session_id}") from None
+
+    async def pending_uploads(self, session_id: str) -> dict[str, float]:
+        query = sa.select(pending_uploads).where(pending_uploads.c.session_id == session_id)
+        return {r.filename: r.expires_at for r in await self._read(_all(query))}
+
+    async def drop_upload(self, session_id: str, filename: str) -> None:
+        def run(conn: Conn) -> None:
+            conn.execute(
+                sa.delete(pending_uploads).where(
+                    pending_uploads.c.session_id == session_id,
+                    pending_uploads.c.filename == filename,
+                )
+            )
+
+        await self._write(run)
 
 
 class _Integrity(SandbankError):

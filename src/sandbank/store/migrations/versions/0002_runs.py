@@ -1,4 +1,4 @@
-"""Runs as leased jobs: the run of each posted question, which replica holds it, until when."""
+"""Runs as leased jobs (which replica holds each, until when); upload forms every replica sees."""
 
 from __future__ import annotations
 
@@ -36,8 +36,20 @@ def upgrade() -> None:
     )
     # Claimers look for queued runs and running ones whose lease ran out.
     op.create_index("ix_runs_state_lease", "runs", ["state", "lease_until"])
+    op.create_table(
+        "pending_uploads",
+        sa.Column(
+            "session_id",
+            sa.String(36),
+            sa.ForeignKey("sessions.id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        sa.Column("filename", sa.String(1024), primary_key=True),
+        sa.Column("expires_at", sa.Double(), nullable=False),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("pending_uploads")
     op.drop_index("ix_runs_state_lease", table_name="runs")
     op.drop_table("runs")
