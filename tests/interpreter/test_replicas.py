@@ -37,6 +37,7 @@ def fleet_env(database_url: str, moto: str, bucket: str, llm: FakeLLM) -> dict[s
         "SANDBANK_S3_ACCESS_KEY_ID": "testing",
         "SANDBANK_S3_SECRET_ACCESS_KEY": "testing",
         "SANDBANK_EXEC_API": "off",
+        "SANDBANK_POOL_SIZE": "0",  # nothing to start at boot: replicas restart faster
         "SANDBANK_MAX_RUNS_PER_USER": "8",
         "SANDBANK_MAX_RUNS": "16",
         "SANDBANK_RUN_LEASE_SECONDS": str(LEASE_S),
