@@ -142,6 +142,7 @@ class Runs:
         self.leases: dict[str, Lease] = {}
         self.active: dict[str, ActiveRun] = {}  # by session id
         self._claiming = True
+        self._reserved = 0  # slots held by posts between their check and their store write
         self._wake = asyncio.Event()
 
     # --- starting, cancelling, stopping ------------------------------------------------------
@@ -151,15 +152,20 @@ class Runs:
         if isinstance(self.model, SandbankError):
             raise self.model
         s = self.settings
-        here = self._claiming and len(self.active) < s.runs_per_replica
-        started = await self.store.start_run(
-            session.id,
-            content,
-            max_per_user=s.max_runs_per_user,
-            max_total=s.max_runs,
-            owner=self.replica if here else None,
-            lease_seconds=s.run_lease_seconds,
-        )
+        # A slot is reserved across the await, so concurrent posts never overfill this replica.
+        here = self._claiming and len(self.active) + self._reserved < s.runs_per_replica
+        self._reserved += here
+        try:
+            started = await self.store.start_run(
+                session.id,
+                content,
+                max_per_user=s.max_runs_per_user,
+                max_total=s.max_runs,
+                owner=self.replica if here else None,
+                lease_seconds=s.run_lease_seconds,
+            )
+        finally:
+            self._reserved -= here
         if started == "busy":
             raise RunInProgress(
                 "a run is already in progress in this session: wait until its status is DONE "
@@ -256,7 +262,7 @@ class Runs:
                         active.task.cancel()
                 elif renewed[run_id]:
                     active.cancel.set()
-        room = s.runs_per_replica - len(self.active)
+        room = s.runs_per_replica - len(self.active) - self._reserved
         if self._claiming and room > 0 and not isinstance(self.model, SandbankError):
             for run in await self.store.claim_runs(self.replica, room, s.run_lease_seconds):
                 if run.attempts > 1:
@@ -298,6 +304,8 @@ class Runs:
                 sandbox_recreated=recreated,
                 cancel=cancel,
             )
+            if isinstance(result.error, LeaseLost):
+                raise result.error
             skipped = await self._harvest(run, owner, lease, before)
             if result.status == "cancelled":
                 # The loop abandoned its call; only ending the sandbox stops that code.
