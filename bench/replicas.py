@@ -2,11 +2,12 @@
 
     .venv/bin/python bench/replicas.py [--runs 60] [--rounds 3] [--latency 0.3]
 
-Runs per second: clients post questions to the replicas in turn (one session each) and poll
-until each answer is DONE. The scripted model answers after `--latency` seconds (as a hosted
-model would), so a replica's capacity (`SANDBANK_RUNS_PER_REPLICA`) bounds its throughput and
-adding replicas adds capacity. Takeover: a replica running a run is killed (-9); the time until
-another replica has claimed the run (its `attempts` in the database becomes 2).
+Runs per second: clients post questions (one session each, kept on one replica as a sticky
+load balancer would) and poll until each answer is DONE. The scripted model answers after
+`--latency` seconds (as a hosted model would), so a replica's capacity
+(`SANDBANK_RUNS_PER_REPLICA`) bounds its throughput and adding replicas adds capacity.
+Takeover: a replica running a run is killed (-9); the time until another replica has claimed
+the run (its `attempts` in the database becomes 2).
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def new_key(server: Server) -> str:
 
 
 def throughput(servers: list[Server], runs: int) -> float:
-    """Runs per second with 3 clients per replica, each posting to the replicas in turn."""
+    """Runs per second, (runs per replica + 1) clients per replica, each with one session on
+    one replica (a sticky load balancer: a session's sandbox lives on one replica)."""
     key = new_key(servers[0])
     headers = {"Authorization": f"Bearer {key}"}
     clients = PER_REPLICA * len(servers) + len(servers)
@@ -99,14 +101,11 @@ def throughput(servers: list[Server], runs: int) -> float:
         with httpx.Client(headers=headers, timeout=30) as http:
             url = servers[index % len(servers)].url
             sid = http.post(url + "/api/sessions").json()["session_id"]
-            turn = index
             while True:
                 with lock:
                     if left[0] <= 0:
                         return
                     left[0] -= 1
-                turn += 1
-                url = servers[turn % len(servers)].url
                 posted = http.post(url + f"/api/sessions/{sid}/messages", json={"content": "q"})
                 assert posted.status_code == 200, posted.text
                 for _ in range(1200):  # bounded: 60 s

@@ -245,6 +245,9 @@ class Runs:
                 await self.tick()
             except SandbankError as e:
                 log.error("runs: a tick failed: %s", e.message)
+            except Exception:
+                # The loop must outlive a bug: without it, this replica's leases would lapse.
+                log.exception("runs: a tick failed")
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.run_poll_seconds)
@@ -353,6 +356,7 @@ class Runs:
         active = self.active.get(run.session_id)
         if active is not None and active.run.id == run.id:
             del self.active[run.session_id]
+            self._wake.set()  # a slot is free: claim a waiting run now, not at the next tick
 
     async def _lease(self, sid: str, owner: str, had_history: bool) -> tuple[Lease, bool]:
         lease = self.leases.get(sid)
