@@ -52,7 +52,10 @@ SHUTTING_DOWN = "server shutting down"
 HANDED_BACK = "waiting for another server to continue"
 WORKER_LOST = "the server working on this answer was lost too many times; ask again"
 STOP_WAIT_S = 15.0  # how long stopping a run waits for it to record how it ended
-MAX_ATTEMPTS = 3  # claims of one run; a run that kills its replica must not kill them all
+MAX_ATTEMPTS = 3
+# A run preferring the replica that holds its session's sandbox waits this many ticks for it
+# before any replica may take it (that replica may be dead, or full).
+AFFINITY_TICKS = 3  # claims of one run; a run that kills its replica must not kill them all
 # What the model reads when it continues an answer that another replica began.
 RESUME_NOTE = (
     "(The server that was working on your answer to the question above stopped. Continue "
@@ -163,6 +166,8 @@ class Runs:
                 max_total=s.max_runs,
                 owner=self.replica if here else None,
                 lease_seconds=s.run_lease_seconds,
+                # Local runtimes: the replica holding the session's sandbox runs it if alive.
+                affinity=not s.sandbox_url,
             )
         finally:
             self._reserved -= here
@@ -267,7 +272,10 @@ class Runs:
                     active.cancel.set()
         room = s.runs_per_replica - len(self.active) - self._reserved
         if self._claiming and room > 0 and not isinstance(self.model, SandbankError):
-            for run in await self.store.claim_runs(self.replica, room, s.run_lease_seconds):
+            claimed = await self.store.claim_runs(
+                self.replica, room, s.run_lease_seconds, AFFINITY_TICKS * s.run_poll_seconds
+            )
+            for run in claimed:
                 if run.attempts > 1:
                     log.info("run %s of session %s: taken over", run.id, run.session_id)
                 self._spawn(self.model, run)
@@ -362,10 +370,19 @@ class Runs:
         lease = self.leases.get(sid)
         if lease is not None and await self.sandboxes.exists(lease.sandbox_id, owner):
             return lease, False
+        if lease is None and self.settings.sandbox_url:
+            # A shared backend: the sandbox another replica used for this session is ours too
+            # (its files are placed again, as this replica knows nothing of what it holds).
+            _, stored = await self.store.session_sandbox(sid)
+            if stored is not None and await self.sandboxes.exists(stored, owner):
+                lease = self.leases[sid] = Lease(stored, owner)
+                await self.store.note_sandbox(sid, self.replica, stored)
+                return lease, False
         # Earlier turns ran in a sandbox that is gone: its variables are lost.
         recreated = lease is not None or had_history
         lease = Lease(await self.sandboxes.create(owner), owner)
         self.leases[sid] = lease
+        await self.store.note_sandbox(sid, self.replica, lease.sandbox_id)
         return lease, recreated
 
     async def _drop(self, sid: str, owner: str) -> None:

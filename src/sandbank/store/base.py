@@ -89,6 +89,7 @@ class Run:
     attempts: int  # claims so far: more than one means another replica worked on it before
     created_at: float
     message: str | None = None  # how it ended
+    preferred: str | None = None  # the replica holding the session's sandbox, if any
 
 
 class LeaseLost(SandbankError):
@@ -184,15 +185,29 @@ class Store(Protocol):
         max_total: int,
         owner: str | None,
         lease_seconds: float,
+        affinity: bool = False,
     ) -> tuple[Message, Run] | StartRefusal:
         """One transaction: check the limits (counted under a lock, so they hold for every
         replica), move the session to PENDING, store the question and its run. The run is
-        claimed by `owner` at once when given, else queued. Refusals store nothing."""
+        claimed by `owner` at once when given, else queued. With `affinity`, a session whose
+        sandbox lives on another replica has its run queued, preferring that replica.
+        Refusals store nothing."""
         ...
 
-    async def claim_runs(self, owner: str, limit: int, lease_seconds: float) -> list[Run]:
+    async def claim_runs(
+        self, owner: str, limit: int, lease_seconds: float, affinity_seconds: float = 0.0
+    ) -> list[Run]:
         """Claim up to `limit` queued runs and runs whose lease expired, oldest first; no run
-        is ever claimed by two replicas (row locks skipped, or the single SQLite writer)."""
+        is ever claimed by two replicas (row locks skipped, or the single SQLite writer). A run
+        preferring another replica is left to it for `affinity_seconds`."""
+        ...
+
+    async def note_sandbox(self, session_id: str, replica: str, sandbox_id: str) -> None:
+        """The session's sandbox now lives on `replica` (a missing session is ignored)."""
+        ...
+
+    async def session_sandbox(self, session_id: str) -> tuple[str | None, str | None]:
+        """(replica, sandbox id) of the session's latest sandbox."""
         ...
 
     async def renew_runs(

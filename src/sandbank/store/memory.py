@@ -41,6 +41,7 @@ class MemoryStore:
         self._files: dict[tuple[str, str], FileRecord] = {}
         self._runs: dict[str, Run] = {}
         self._uploads: dict[str, dict[str, float]] = {}
+        self._sandboxes: dict[str, tuple[str, str]] = {}  # session → (replica, sandbox id)
 
     async def close(self) -> None:
         pass
@@ -124,6 +125,7 @@ class MemoryStore:
         del self._messages[session_id]
         self._runs = {k: r for k, r in self._runs.items() if r.session_id != session_id}
         self._uploads.pop(session_id, None)
+        self._sandboxes.pop(session_id, None)
         self._files = {k: v for k, v in self._files.items() if k[0] != session_id}
 
     async def delete_session(self, session_id: str) -> bool:
@@ -187,6 +189,7 @@ class MemoryStore:
         max_total: int,
         owner: str | None,
         lease_seconds: float,
+        affinity: bool = False,
     ) -> tuple[Message, Run] | StartRefusal:
         session = self._session(session_id)
         if session.status == "PENDING":
@@ -198,6 +201,10 @@ class MemoryStore:
         await self.set_status(session_id, "PENDING", "starting")
         question = await self.add_message(session_id, "user", content)
         now = time.time()
+        replica = self._sandboxes.get(session_id, (None, None))[0]
+        preferred = replica if affinity and replica != owner else None
+        if preferred is not None:
+            owner = None
         run = Run(
             id=str(uuid.uuid4()),
             session_id=session_id,
@@ -209,17 +216,25 @@ class MemoryStore:
             cancel_requested=False,
             attempts=0 if owner is None else 1,
             created_at=now,
+            preferred=preferred,
         )
         self._runs[run.id] = run
         return question, run
 
-    async def claim_runs(self, owner: str, limit: int, lease_seconds: float) -> list[Run]:
+    async def claim_runs(
+        self, owner: str, limit: int, lease_seconds: float, affinity_seconds: float = 0.0
+    ) -> list[Run]:
         now = time.time()
+
+        def mine_to_take(r: Run) -> bool:
+            return r.preferred in (None, owner) or r.created_at <= now - affinity_seconds
+
         claimable = sorted(
             (
                 r
                 for r in self._runs.values()
-                if r.state == "queued" or (r.state == "running" and (r.lease_until or 0) < now)
+                if (r.state == "queued" and mine_to_take(r))
+                or (r.state == "running" and (r.lease_until or 0) < now)
             ),
             key=lambda r: r.created_at,
         )
@@ -289,6 +304,13 @@ class MemoryStore:
             return "ended"
         self._runs[run.id] = dataclasses.replace(run, cancel_requested=True)
         return "requested"
+
+    async def note_sandbox(self, session_id: str, replica: str, sandbox_id: str) -> None:
+        if session_id in self._sessions:
+            self._sandboxes[session_id] = (replica, sandbox_id)
+
+    async def session_sandbox(self, session_id: str) -> tuple[str | None, str | None]:
+        return self._sandboxes.get(session_id, (None, None))
 
     async def get_run(self, run_id: str) -> Run | None:
         return self._runs.get(run_id)

@@ -35,6 +35,9 @@ sessions = sa.Table(
     sa.Column("ttl", sa.Double(), nullable=False),
     # The latest message timestamp, read under the session's row lock to order the next one.
     sa.Column("last_message_at", sa.Double(), nullable=True),
+    # Where the session's sandbox lives (migration 0002).
+    sa.Column("replica", sa.String(64), nullable=True),
+    sa.Column("sandbox_id", sa.String(200), nullable=True),
 )
 
 messages = sa.Table(
@@ -79,6 +82,7 @@ runs = sa.Table(
     sa.Column("created_at", sa.Double(), nullable=False),
     sa.Column("updated_at", sa.Double(), nullable=False),
     sa.Column("message", sa.Text(), nullable=True),  # how it ended
+    sa.Column("preferred", sa.String(64), nullable=True),  # the replica with its sandbox
 )
 
 # Upload forms handed out for an object store that calls nobody back (S3): every replica

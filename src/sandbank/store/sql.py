@@ -288,6 +288,7 @@ class SqlStore:
         max_total: int,
         owner: str | None,
         lease_seconds: float,
+        affinity: bool = False,
     ) -> tuple[Message, Run] | StartRefusal:
         def run(conn: Conn) -> tuple[Message, Run] | StartRefusal:
             if not self._engines.is_sqlite:
@@ -295,7 +296,9 @@ class SqlStore:
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(RUN_START_LOCK_ID)))
             last = _lock_session(conn, session_id)
             row = conn.execute(
-                sa.select(sessions.c.user_id, sessions.c.status).where(sessions.c.id == session_id)
+                sa.select(sessions.c.user_id, sessions.c.status, sessions.c.replica).where(
+                    sessions.c.id == session_id
+                )
             ).one()
             if row.status == "PENDING":
                 return "busy"
@@ -312,26 +315,31 @@ class SqlStore:
             )
             question = _insert_message(conn, session_id, last, "user", content, False)
             now = time.time()
+            preferred = row.replica if affinity and row.replica != owner else None
+            # A session whose sandbox is elsewhere is left, for a moment, to that replica.
+            holder = owner if preferred is None else None
             started = Run(
                 id=str(uuid.uuid4()),
                 session_id=session_id,
                 user_id=row.user_id,
                 question_at=question.timestamp,
-                state="queued" if owner is None else "running",
-                owner=owner,
-                lease_until=None if owner is None else now + lease_seconds,
+                state="queued" if holder is None else "running",
+                owner=holder,
+                lease_until=None if holder is None else now + lease_seconds,
                 cancel_requested=False,
-                attempts=0 if owner is None else 1,
+                attempts=0 if holder is None else 1,
                 created_at=now,
+                preferred=preferred,
             )
             conn.execute(
                 sa.insert(runs).values(
+                    preferred=preferred,
                     id=started.id,
                     session_id=session_id,
                     user_id=started.user_id,
                     question_at=started.question_at,
                     state=started.state,
-                    owner=owner,
+                    owner=holder,
                     lease_until=started.lease_until,
                     cancel_requested=False,
                     attempts=started.attempts,
@@ -343,14 +351,21 @@ class SqlStore:
 
         return await self._write(run)
 
-    async def claim_runs(self, owner: str, limit: int, lease_seconds: float) -> list[Run]:
+    async def claim_runs(
+        self, owner: str, limit: int, lease_seconds: float, affinity_seconds: float = 0.0
+    ) -> list[Run]:
         def run(conn: Conn) -> list[Run]:
             now = time.time()
+            mine_to_take = sa.or_(
+                runs.c.preferred.is_(None),
+                runs.c.preferred == owner,
+                runs.c.created_at <= now - affinity_seconds,
+            )
             claimable = (
                 sa.select(runs.c.id)
                 .where(
                     sa.or_(
-                        runs.c.state == "queued",
+                        sa.and_(runs.c.state == "queued", mine_to_take),
                         sa.and_(runs.c.state == "running", runs.c.lease_until < now),
                     )
                 )
@@ -479,6 +494,23 @@ class SqlStore:
             return "requested"
 
         return await self._write(do)
+
+    async def note_sandbox(self, session_id: str, replica: str, sandbox_id: str) -> None:
+        def do(conn: Conn) -> None:
+            conn.execute(
+                sa.update(sessions)
+                .where(sessions.c.id == session_id)
+                .values(replica=replica, sandbox_id=sandbox_id)
+            )
+
+        await self._write(do)
+
+    async def session_sandbox(self, session_id: str) -> tuple[str | None, str | None]:
+        query = sa.select(sessions.c.replica, sessions.c.sandbox_id).where(
+            sessions.c.id == session_id
+        )
+        row = await self._read(_one(query))
+        return (None, None) if row is None else (row.replica, row.sandbox_id)
 
     async def get_run(self, run_id: str) -> Run | None:
         row = await self._read(_one(sa.select(runs).where(runs.c.id == run_id)))
@@ -723,6 +755,7 @@ def _run(row: sa.Row[Any]) -> Run:
         attempts=int(row.attempts),
         created_at=row.created_at,
         message=row.message,
+        preferred=row.preferred,
     )
 
 

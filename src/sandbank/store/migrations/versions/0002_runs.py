@@ -33,7 +33,13 @@ def upgrade() -> None:
         sa.Column("created_at", sa.Double(), nullable=False),
         sa.Column("updated_at", sa.Double(), nullable=False),
         sa.Column("message", sa.Text(), nullable=True),
+        # The replica holding the session's sandbox, which should run it if alive.
+        sa.Column("preferred", sa.String(64), nullable=True),
     )
+    # Where the session's sandbox lives: which replica, and its id (reusable by any replica
+    # when the sandboxes come from a shared backend, SANDBANK_SANDBOX_URL).
+    op.add_column("sessions", sa.Column("replica", sa.String(64), nullable=True))
+    op.add_column("sessions", sa.Column("sandbox_id", sa.String(200), nullable=True))
     # Claimers look for queued runs and running ones whose lease ran out.
     op.create_index("ix_runs_state_lease", "runs", ["state", "lease_until"])
     op.create_table(
@@ -50,6 +56,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_column("sessions", "sandbox_id")
+    op.drop_column("sessions", "replica")
     op.drop_table("pending_uploads")
     op.drop_index("ix_runs_state_lease", table_name="runs")
     op.drop_table("runs")
