@@ -216,3 +216,32 @@ async def test_a_run_lost_too_often_ends_as_an_error(fleet: Fleet) -> None:
     await fleet.store.expire_leases()
     await fleet.replica(answering("never"), "r9").tick()
     assert await fleet.wait_until_ended(sid) == ("ERROR", WORKER_LOST)
+
+
+async def test_a_question_posted_elsewhere_runs_where_the_sessions_sandbox_is(
+    fleet: Fleet,
+) -> None:
+    home, elsewhere = (
+        fleet.replica(answering("at home"), "r1"),
+        fleet.replica(answering("away"), "r2"),
+    )
+    sid = await fleet.question(home)
+    assert await fleet.wait_until_ended(sid) == ("DONE", None)
+    session = await fleet.store.get_session(sid)
+    assert session is not None
+
+    await elsewhere.begin(session, "again")  # queued for r1, which holds the sandbox
+    await elsewhere.tick()
+    assert not elsewhere.active
+    await home.tick()
+    assert await fleet.wait_until_ended(sid) == ("DONE", None)
+    assert home.sandboxes.made == 1 and elsewhere.sandboxes.made == 0  # type: ignore[attr-defined]
+
+    # r1 stops ticking (dead): after the wait, r2 takes the session's next question.
+    session = await fleet.store.get_session(sid)
+    assert session is not None
+    await elsewhere.begin(session, "and again")
+    await anyio.sleep(3 * fleet.settings.run_poll_seconds + 0.05)
+    await elsewhere.tick()
+    assert await fleet.wait_until_ended(sid) == ("DONE", None)
+    assert (await fleet.store.list_messages(sid))[-1].content == "away"
