@@ -48,7 +48,6 @@ from sandbank.workbench import FileEntry, Sandboxes
 
 log = logging.getLogger(__name__)
 
-SHUTTING_DOWN = "server shutting down"
 HANDED_BACK = "waiting for another server to continue"
 WORKER_LOST = "the server working on this answer was lost too many times; ask again"
 STOP_WAIT_S = 15.0  # how long stopping a run waits for it to record how it ended
