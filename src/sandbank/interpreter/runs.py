@@ -146,6 +146,13 @@ class Runs:
         self._claiming = True
         self._reserved = 0  # slots held by posts between their check and their store write
         self._wake = asyncio.Event()
+        if settings.run_poll_seconds * 3 > settings.run_lease_seconds:
+            log.warning(
+                "SANDBANK_RUN_POLL_SECONDS (%g) is over a third of SANDBANK_RUN_LEASE_SECONDS "
+                "(%g): a slow renewal may let another replica take a run that is still alive",
+                settings.run_poll_seconds,
+                settings.run_lease_seconds,
+            )
 
     # --- starting, cancelling, stopping ------------------------------------------------------
     async def begin(self, session: Session, content: str) -> Message:
