@@ -159,6 +159,7 @@ async def test_a_cancel_posted_to_another_replica_reaches_the_one_running(
     running = fleet.replica(hanging(), "r1")
     other = fleet.replica(answering("unused"), "r2")
     sid = await fleet.question(running)
+    run_id = running.active[sid].run.id
     ticking = asyncio.create_task(running.serve_forever())
     try:
         with anyio.fail_after(5):
@@ -170,8 +171,8 @@ async def test_a_cancel_posted_to_another_replica_reaches_the_one_running(
         )
     finally:
         ticking.cancel()
-    ended = [r for r in fleet.store._runs.values() if r.session_id == sid]
-    assert [r.state for r in ended] == ["cancelled"]
+    ended = await fleet.store.get_run(run_id)
+    assert ended is not None and ended.state == "cancelled"
 
 
 async def test_shutdown_hands_a_run_back_and_another_replica_finishes_it(
