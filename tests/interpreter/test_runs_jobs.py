@@ -246,3 +246,27 @@ async def test_a_question_posted_elsewhere_runs_where_the_sessions_sandbox_is(
     await elsewhere.tick()
     assert await fleet.wait_until_ended(sid) == ("DONE", None)
     assert (await fleet.store.list_messages(sid))[-1].content == "away"
+
+
+async def test_an_answer_already_stored_is_never_given_twice(fleet: Fleet) -> None:
+    """Stopped (or killed) between storing its answer and recording its end, a run ends DONE."""
+    stopping = fleet.replica(hanging(), "r1")
+    sid = await fleet.question(stopping)
+    await anyio.sleep(0.05)
+    run = stopping.active[sid].run
+    await fleet.store.add_message(sid, "assistant", "the answer", False, fence=run)
+    await stopping.shutdown(grace_s=0)  # not handed back: it has answered
+    assert await fleet.wait_until_ended(sid) == ("DONE", None)
+
+    model = answering("a second answer")
+    dead = fleet.replica(hanging(), "r2")
+    other = await fleet.question(dead)
+    await anyio.sleep(0.05)
+    dead_run = dead.active[other].run
+    await fleet.store.add_message(other, "assistant", "first", False, fence=dead_run)
+    await fleet.store.expire_leases()  # r2 died before recording the end
+    await fleet.replica(model, "r3").tick()
+    assert await fleet.wait_until_ended(other) == ("DONE", None)
+    assert model.calls == []
+    answers = [m.content for m in await fleet.store.list_messages(other) if m.role == "assistant"]
+    assert answers == ["first"]

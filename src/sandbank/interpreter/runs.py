@@ -85,6 +85,7 @@ class ActiveRun:
     # Set before the task is cancelled: the ERROR message to record, HANDED_BACK, or "" when
     # nothing may be written (the lease is lost, the session deleted).
     stop_reason: str | None = None
+    finishing: bool = False  # the turn is over: it is saving files and recording its end
 
 
 class StoreRecorder:
@@ -115,6 +116,13 @@ class SandboxWorkbench:
     async def list_files(self) -> list[FileInfo]:
         entries = await self.sandboxes.list_files(self.sandbox_id, self.owner)
         return [FileInfo(e.path, e.size) for e in entries]
+
+
+def answered(stored: list[Message], run: Run) -> bool:
+    """Whether the run's final answer is among the session's stored messages."""
+    return any(
+        m.timestamp > run.question_at and m.role == "assistant" and not m.internal for m in stored
+    )
 
 
 def owner_of(user_id: str) -> str:
@@ -243,8 +251,9 @@ class Runs:
             await asyncio.wait(tasks, timeout=grace)
         remaining = list(self.active.values())
         for active in remaining:
-            active.stop_reason = HANDED_BACK
-            active.task.cancel()
+            if not active.finishing:
+                active.stop_reason = HANDED_BACK
+                active.task.cancel()
         if remaining:
             await asyncio.wait({a.task for a in remaining}, timeout=STOP_WAIT_S)
 
@@ -307,6 +316,11 @@ class Runs:
             if question is None:
                 raise LeaseLost(f"session {sid} is gone")
             resumed = run.attempts > 1
+            if resumed and answered(stored, run):
+                # The answer was stored before the last replica stopped; only the end was not.
+                self._forget(run)
+                await self.store.finish_run(run, "DONE", None, "done")
+                return
             # Resumed, the model sees the question and what another replica did, and goes on.
             history = stored if resumed else [m for m in stored if m.timestamp < run.question_at]
             lease, recreated = await self._lease(sid, owner, bool(history))
@@ -323,6 +337,9 @@ class Runs:
             )
             if isinstance(result.error, LeaseLost):
                 raise result.error
+            active = self.active.get(sid)
+            if active is not None and active.run.id == run.id:
+                active.finishing = True  # a shutdown lets it save its files and end
             skipped = await self._harvest(run, owner, lease, before)
             if result.status == "cancelled":
                 # The loop abandoned its call; only ending the sandbox stops that code.
@@ -360,7 +377,11 @@ class Runs:
         self._forget(run)
         with contextlib.suppress(SandbankError):
             if reason == HANDED_BACK:
-                await self.store.release_run(run, HANDED_BACK)
+                # Stopped right after its answer was stored: it ends here, never runs twice.
+                if answered(await self.store.list_messages(run.session_id), run):
+                    await self.store.finish_run(run, "DONE", None, "done")
+                else:
+                    await self.store.release_run(run, HANDED_BACK)
             elif reason:
                 await self.store.finish_run(run, "ERROR", reason, "error")
             elif reason == "":  # lost: its sandbox is of no use here any more
