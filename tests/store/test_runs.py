@@ -88,7 +88,7 @@ async def test_a_run_is_claimed_once_and_taken_over_only_when_its_lease_expires(
     with pytest.raises(LeaseLost):
         await store.set_progress(claimed, "thinking")
     assert not await store.finish_run(claimed, "ERROR", "stale", "error")
-    assert not await store.release_run(claimed, None)
+    assert await store.release_run(claimed, None) == "lost"
 
     await store.add_message(taken.session_id, "assistant", "42", False, fence=taken)
     await store.set_progress(taken, "thinking")
@@ -103,7 +103,7 @@ async def test_a_run_is_claimed_once_and_taken_over_only_when_its_lease_expires(
 
 async def test_a_handed_back_run_is_claimed_again_at_once(store: Store) -> None:
     run = await _start(store, await _session(store), owner="r1")
-    assert await store.release_run(run, "waiting for a server")
+    assert await store.release_run(run, "waiting for a server") == "released"
     session = await store.get_session(run.session_id)
     assert session is not None and session.status == "PENDING"
     assert session.status_message == "waiting for a server"
@@ -288,3 +288,13 @@ async def test_a_run_waits_a_moment_for_the_replica_holding_its_sandbox(store: S
     assert late == "busy"
     [taken] = await store.claim_runs("r2", 5, LEASE, affinity_seconds=0)
     assert taken.id == queued.id
+
+
+async def test_a_run_handed_back_after_its_answer_was_stored_ends_done(store: Store) -> None:
+    run = await _start(store, await _session(store), owner="r1")
+    await store.add_message(run.session_id, "assistant", "thinking aloud", True, fence=run)
+    await store.add_message(run.session_id, "assistant", "42", False, fence=run)
+    assert await store.release_run(run, "waiting") == "answered"
+    session = await store.get_session(run.session_id)
+    assert session is not None and (session.status, session.status_message) == ("DONE", None)
+    assert await store.claim_runs("r2", 5, LEASE) == []

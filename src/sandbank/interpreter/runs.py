@@ -377,11 +377,8 @@ class Runs:
         self._forget(run)
         with contextlib.suppress(SandbankError):
             if reason == HANDED_BACK:
-                # Stopped right after its answer was stored: it ends here, never runs twice.
-                if answered(await self.store.list_messages(run.session_id), run):
-                    await self.store.finish_run(run, "DONE", None, "done")
-                else:
-                    await self.store.release_run(run, HANDED_BACK)
+                # Ends DONE instead when its answer is stored: an answer is never given twice.
+                await self.store.release_run(run, HANDED_BACK)
             elif reason:
                 await self.store.finish_run(run, "ERROR", reason, "error")
             elif reason == "":  # lost: its sandbox is of no use here any more

@@ -16,6 +16,7 @@ ACTIVE_RUN_STATES = ("queued", "running")
 # Why a question was refused before anything was stored (see `Store.start_run`).
 StartRefusal = Literal["busy", "user_limit", "total_limit"]
 CancelOutcome = Literal["none", "requested", "ended"]
+ReleaseOutcome = Literal["released", "answered", "lost"]
 Role = Literal["user", "assistant", "tool", "trace"]
 Origin = Literal["user", "assistant"]
 
@@ -224,8 +225,10 @@ class Store(Protocol):
         `run.owner` no longer holds it."""
         ...
 
-    async def release_run(self, run: Run, status_message: str | None) -> bool:
-        """Hand the run back (queued, no lease) so another replica continues it at once."""
+    async def release_run(self, run: Run, status_message: str | None) -> ReleaseOutcome:
+        """Hand the run back (queued, no lease) so another replica continues it at once;
+        `answered` (the run ended DONE instead) when its answer is already stored, decided
+        under the session's lock so an answer is never given twice; `lost` when not held."""
         ...
 
     async def request_cancel(self, session_id: str) -> CancelOutcome:

@@ -15,6 +15,7 @@ from sandbank.store.base import (
     LeaseLost,
     Message,
     Origin,
+    ReleaseOutcome,
     Role,
     Run,
     RunState,
@@ -281,15 +282,22 @@ class MemoryStore:
         await self.set_status(run.session_id, status, message)
         return True
 
-    async def release_run(self, run: Run, status_message: str | None) -> bool:
+    async def release_run(self, run: Run, status_message: str | None) -> ReleaseOutcome:
         current = self._held(run)
         if current is None or run.session_id not in self._sessions:
-            return False
+            return "lost"
+        if any(
+            m.timestamp > run.question_at and m.role == "assistant" and not m.internal
+            for m in self._messages[run.session_id]
+        ):
+            self._runs[run.id] = dataclasses.replace(current, state="done", lease_until=None)
+            await self.set_status(run.session_id, "DONE", None)
+            return "answered"
         self._runs[run.id] = dataclasses.replace(
             current, state="queued", owner=None, lease_until=None
         )
         await self.set_status(run.session_id, "PENDING", status_message)
-        return True
+        return "released"
 
     async def request_cancel(self, session_id: str) -> CancelOutcome:
         self._session(session_id)

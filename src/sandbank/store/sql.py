@@ -22,6 +22,7 @@ from sandbank.store.base import (
     LeaseLost,
     Message,
     Origin,
+    ReleaseOutcome,
     Role,
     Run,
     RunState,
@@ -435,24 +436,45 @@ class SqlStore:
 
         return await self._write(do)
 
-    async def release_run(self, run: Run, status_message: str | None) -> bool:
-        def do(conn: Conn) -> bool:
+    async def release_run(self, run: Run, status_message: str | None) -> ReleaseOutcome:
+        def do(conn: Conn) -> ReleaseOutcome:
             try:
                 _lock_session(conn, run.session_id)
             except SessionNotFound:
-                return False
+                return "lost"
+            now = time.time()
+            answer = conn.execute(
+                sa.select(messages.c.id)
+                .where(
+                    messages.c.session_id == run.session_id,
+                    messages.c.timestamp > run.question_at,
+                    messages.c.role == "assistant",
+                    messages.c.internal.is_(False),
+                )
+                .limit(1)
+            ).first()
+            if answer is not None:
+                ended = conn.execute(
+                    _held(run).values(state="done", lease_until=None, updated_at=now)
+                ).rowcount
+                if ended:
+                    conn.execute(
+                        sa.update(sessions)
+                        .where(sessions.c.id == run.session_id)
+                        .values(status="DONE", status_message=None)
+                    )
+                return "answered" if ended else "lost"
             released = conn.execute(
-                _held(run).values(
-                    state="queued", owner=None, lease_until=None, updated_at=time.time()
-                )
+                _held(run).values(state="queued", owner=None, lease_until=None, updated_at=now)
             ).rowcount
-            if released:
-                conn.execute(
-                    sa.update(sessions)
-                    .where(sessions.c.id == run.session_id)
-                    .values(status_message=status_message)
-                )
-            return bool(released)
+            if not released:
+                return "lost"
+            conn.execute(
+                sa.update(sessions)
+                .where(sessions.c.id == run.session_id)
+                .values(status_message=status_message)
+            )
+            return "released"
 
         return await self._write(do)
 
