@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from sandbank.errors import Conflict, NotFound, SandbankError, SessionNotFound
+from sandbank.store import sql_runs
 from sandbank.store.base import (
     ACTIVE_RUN_STATES,
     ApiKey,
@@ -33,7 +34,6 @@ from sandbank.store.base import (
     hash_secret,
     new_key_id,
     new_secret,
-    next_timestamp,
 )
 from sandbank.store.engine import Engines, create_engines, migrate
 from sandbank.store.schema import (
@@ -45,13 +45,10 @@ from sandbank.store.schema import (
     sessions,
     users,
 )
+from sandbank.store.sql_runs import insert_message, lock_session, run_of
 
 T = TypeVar("T")
 Conn = sa.Connection
-# Any constant will do: every replica takes it while deciding whether a question may start,
-# so the per-user and total run limits hold for the whole fleet.
-RUN_START_LOCK_ID = 0x5A4D_B4E5
-CANCELLED = "cancelled"
 
 
 class SqlStore:
@@ -229,7 +226,7 @@ class SqlStore:
             )
             if result.rowcount:
                 return True
-            _lock_session(conn, session_id)  # raises SessionNotFound when missing
+            lock_session(conn, session_id)  # raises SessionNotFound when missing
             return False
 
         return await self._write(run)
@@ -279,7 +276,7 @@ class SqlStore:
             query = query.where(sessions.c.user_id == user_id)
         return await self._read(_scalar_int(query))
 
-    # --- runs: leased jobs ------------------------------------------------------------------
+    # --- runs: leased jobs (transactions in sql_runs) -----------------------------------------
     async def start_run(
         self,
         session_id: str,
@@ -291,231 +288,55 @@ class SqlStore:
         lease_seconds: float,
         affinity: bool = False,
     ) -> tuple[Message, Run] | StartRefusal:
-        def run(conn: Conn) -> tuple[Message, Run] | StartRefusal:
-            if not self._engines.is_sqlite:
-                # Counting then starting must not interleave with another replica's start.
-                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(RUN_START_LOCK_ID)))
-            last = _lock_session(conn, session_id)
-            row = conn.execute(
-                sa.select(sessions.c.user_id, sessions.c.status, sessions.c.replica).where(
-                    sessions.c.id == session_id
-                )
-            ).one()
-            if row.status == "PENDING":
-                return "busy"
-            pending = sa.select(sa.func.count()).where(sessions.c.status == "PENDING")
-            mine = pending.where(sessions.c.user_id == row.user_id)
-            if int(conn.execute(mine).scalar() or 0) >= max_per_user:
-                return "user_limit"
-            if int(conn.execute(pending).scalar() or 0) >= max_total:
-                return "total_limit"
-            conn.execute(
-                sa.update(sessions)
-                .where(sessions.c.id == session_id)
-                .values(status="PENDING", status_message="starting")
-            )
-            question = _insert_message(conn, session_id, last, "user", content, False)
-            now = time.time()
-            preferred = row.replica if affinity and row.replica != owner else None
-            # A session whose sandbox is elsewhere is left, for a moment, to that replica.
-            holder = owner if preferred is None else None
-            started = Run(
-                id=str(uuid.uuid4()),
-                session_id=session_id,
-                user_id=row.user_id,
-                question_at=question.timestamp,
-                state="queued" if holder is None else "running",
-                owner=holder,
-                lease_until=None if holder is None else now + lease_seconds,
-                cancel_requested=False,
-                attempts=0 if holder is None else 1,
-                created_at=now,
-                preferred=preferred,
-            )
-            conn.execute(
-                sa.insert(runs).values(
-                    preferred=preferred,
-                    id=started.id,
-                    session_id=session_id,
-                    user_id=started.user_id,
-                    question_at=started.question_at,
-                    state=started.state,
-                    owner=holder,
-                    lease_until=started.lease_until,
-                    cancel_requested=False,
-                    attempts=started.attempts,
-                    created_at=now,
-                    updated_at=now,
-                )
-            )
-            return question, started
-
-        return await self._write(run)
+        start = partial(
+            sql_runs.start_run,
+            session_id=session_id,
+            content=content,
+            max_per_user=max_per_user,
+            max_total=max_total,
+            owner=owner,
+            lease_seconds=lease_seconds,
+            affinity=affinity,
+            is_sqlite=self._engines.is_sqlite,
+        )
+        return await self._write(start)
 
     async def claim_runs(
         self, owner: str, limit: int, lease_seconds: float, affinity_seconds: float = 0.0
     ) -> list[Run]:
-        def run(conn: Conn) -> list[Run]:
-            now = time.time()
-            mine_to_take = sa.or_(
-                runs.c.preferred.is_(None),
-                runs.c.preferred == owner,
-                runs.c.created_at <= now - affinity_seconds,
-            )
-            claimable = (
-                sa.select(runs.c.id)
-                .where(
-                    sa.or_(
-                        sa.and_(runs.c.state == "queued", mine_to_take),
-                        sa.and_(runs.c.state == "running", runs.c.lease_until < now),
-                    )
-                )
-                .order_by(runs.c.created_at)
-                .limit(limit)
-                # Rows another claimer is taking are skipped, never waited for nor shared.
-                .with_for_update(skip_locked=True)
-            )
-            ids = list(conn.execute(claimable).scalars())
-            if not ids:
-                return []
-            rows = conn.execute(
-                sa.update(runs)
-                .where(runs.c.id.in_(ids))
-                .values(
-                    state="running",
-                    owner=owner,
-                    lease_until=now + lease_seconds,
-                    attempts=runs.c.attempts + 1,
-                    updated_at=now,
-                )
-                .returning(*runs.c)
-            ).all()
-            return sorted((_run(r) for r in rows), key=lambda r: r.created_at)
-
         if limit <= 0:
             return []
-        return await self._write(run)
+        claim = partial(
+            sql_runs.claim_runs,
+            owner=owner,
+            limit=limit,
+            lease_seconds=lease_seconds,
+            affinity_seconds=affinity_seconds,
+        )
+        return await self._write(claim)
 
     async def renew_runs(
         self, owner: str, run_ids: list[str], lease_seconds: float
     ) -> dict[str, bool]:
-        def run(conn: Conn) -> dict[str, bool]:
-            now = time.time()
-            rows = conn.execute(
-                sa.update(runs)
-                .where(runs.c.id.in_(run_ids), runs.c.owner == owner, runs.c.state == "running")
-                .values(lease_until=now + lease_seconds, updated_at=now)
-                .returning(runs.c.id, runs.c.cancel_requested)
-            ).all()
-            return {r.id: bool(r.cancel_requested) for r in rows}
-
         if not run_ids:
             return {}
-        return await self._write(run)
+        renew = partial(
+            sql_runs.renew_runs, owner=owner, run_ids=run_ids, lease_seconds=lease_seconds
+        )
+        return await self._write(renew)
 
     async def finish_run(
         self, run: Run, status: SessionStatus, message: str | None, state: RunState
     ) -> bool:
-        def do(conn: Conn) -> bool:
-            try:
-                _lock_session(conn, run.session_id)
-            except SessionNotFound:
-                return False
-            ended = conn.execute(
-                _held(run).values(
-                    state=state, lease_until=None, message=message, updated_at=time.time()
-                )
-            ).rowcount
-            if ended:
-                conn.execute(
-                    sa.update(sessions)
-                    .where(sessions.c.id == run.session_id)
-                    .values(status=status, status_message=message)
-                )
-            return bool(ended)
-
-        return await self._write(do)
+        finish = partial(sql_runs.finish_run, run=run, status=status, message=message, state=state)
+        return await self._write(finish)
 
     async def release_run(self, run: Run, status_message: str | None) -> ReleaseOutcome:
-        def do(conn: Conn) -> ReleaseOutcome:
-            try:
-                _lock_session(conn, run.session_id)
-            except SessionNotFound:
-                return "lost"
-            now = time.time()
-            answer = conn.execute(
-                sa.select(messages.c.id)
-                .where(
-                    messages.c.session_id == run.session_id,
-                    messages.c.timestamp > run.question_at,
-                    messages.c.role == "assistant",
-                    messages.c.internal.is_(False),
-                )
-                .limit(1)
-            ).first()
-            if answer is not None:
-                ended = conn.execute(
-                    _held(run).values(state="done", lease_until=None, updated_at=now)
-                ).rowcount
-                if ended:
-                    conn.execute(
-                        sa.update(sessions)
-                        .where(sessions.c.id == run.session_id)
-                        .values(status="DONE", status_message=None)
-                    )
-                return "answered" if ended else "lost"
-            released = conn.execute(
-                _held(run).values(state="queued", owner=None, lease_until=None, updated_at=now)
-            ).rowcount
-            if not released:
-                return "lost"
-            conn.execute(
-                sa.update(sessions)
-                .where(sessions.c.id == run.session_id)
-                .values(status_message=status_message)
-            )
-            return "released"
-
-        return await self._write(do)
+        release = partial(sql_runs.release_run, run=run, status_message=status_message)
+        return await self._write(release)
 
     async def request_cancel(self, session_id: str) -> CancelOutcome:
-        def do(conn: Conn) -> CancelOutcome:
-            _lock_session(conn, session_id)
-            row = conn.execute(
-                sa.select(runs)
-                .where(runs.c.session_id == session_id, runs.c.state.in_(ACTIVE_RUN_STATES))
-                .with_for_update()
-            ).first()
-            if row is None:
-                return "none"
-            now = time.time()
-            if row.state == "queued" or (row.lease_until or 0) < now:
-                # Nobody works on it: end it here rather than wait for a claimer.
-                conn.execute(
-                    sa.update(runs)
-                    .where(runs.c.id == row.id)
-                    .values(
-                        state="cancelled",
-                        cancel_requested=True,
-                        lease_until=None,
-                        message=CANCELLED,
-                        updated_at=now,
-                    )
-                )
-                conn.execute(
-                    sa.update(sessions)
-                    .where(sessions.c.id == session_id)
-                    .values(status="ERROR", status_message=CANCELLED)
-                )
-                return "ended"
-            conn.execute(
-                sa.update(runs)
-                .where(runs.c.id == row.id)
-                .values(cancel_requested=True, updated_at=now)
-            )
-            return "requested"
-
-        return await self._write(do)
+        return await self._write(partial(sql_runs.request_cancel, session_id=session_id))
 
     async def note_sandbox(self, session_id: str, replica: str, sandbox_id: str) -> None:
         def do(conn: Conn) -> None:
@@ -536,40 +357,20 @@ class SqlStore:
 
     async def get_run(self, run_id: str) -> Run | None:
         row = await self._read(_one(sa.select(runs).where(runs.c.id == run_id)))
-        return None if row is None else _run(row)
+        return None if row is None else run_of(row)
 
     async def active_run(self, session_id: str) -> Run | None:
         query = sa.select(runs).where(
             runs.c.session_id == session_id, runs.c.state.in_(ACTIVE_RUN_STATES)
         )
         row = await self._read(_one(query))
-        return None if row is None else _run(row)
+        return None if row is None else run_of(row)
 
     async def expire_leases(self) -> int:
-        def do(conn: Conn) -> int:
-            result = conn.execute(
-                sa.update(runs).where(runs.c.state == "running").values(lease_until=0.0)
-            )
-            return int(result.rowcount)
-
-        return await self._write(do)
+        return await self._write(sql_runs.expire_leases)
 
     async def set_progress(self, run: Run, message: str) -> None:
-        def do(conn: Conn) -> None:
-            held = (
-                sa.select(runs.c.id)
-                .where(runs.c.id == run.id, runs.c.owner == run.owner, runs.c.state == "running")
-                .exists()
-            )
-            result = conn.execute(
-                sa.update(sessions)
-                .where(sessions.c.id == run.session_id, held)
-                .values(status_message=message)
-            )
-            if not result.rowcount:
-                raise LeaseLost(f"run {run.id} is no longer held by {run.owner}")
-
-        await self._write(do)
+        await self._write(partial(sql_runs.set_progress, run=run, message=message))
 
     # --- messages ----------------------------------------------------------------------------
     async def add_message(
@@ -584,7 +385,7 @@ class SqlStore:
             # The session row lock (PostgreSQL) or the write lock (SQLite) is held until
             # commit, so timestamps are assigned and become visible in the same order: a
             # reader polling with the last timestamp it saw cannot miss a message.
-            last = _lock_session(conn, session_id)
+            last = lock_session(conn, session_id)
             if fence is not None:
                 # A shared lock on the run: a takeover waits for (or skips) this commit.
                 held = conn.execute(
@@ -598,7 +399,7 @@ class SqlStore:
                 ).first()
                 if held is None:
                     raise LeaseLost(f"run {fence.id} is no longer held by {fence.owner}")
-            return _insert_message(conn, session_id, last, role, content, internal)
+            return insert_message(conn, session_id, last, role, content, internal)
 
         return await self._write(run)
 
@@ -620,7 +421,7 @@ class SqlStore:
         values = {"size": size, "origin": origin, "updated_at": record.updated_at}
 
         def run(conn: Conn) -> FileRecord:
-            _lock_session(conn, session_id)  # serializes writers of this session's records
+            lock_session(conn, session_id)  # serializes writers of this session's records
             where = (files.c.session_id == session_id, files.c.filename == filename)
             if not conn.execute(sa.update(files).where(*where).values(**values)).rowcount:
                 conn.execute(
@@ -709,40 +510,6 @@ def _transact(engine: sa.Engine, fn: Callable[[Conn], T]) -> T:
         raise SandbankError(f"database error: {exc.__class__.__name__}") from exc
 
 
-def _insert_message(
-    conn: Conn, session_id: str, last: float | None, role: Role, content: str, internal: bool
-) -> Message:
-    """Append a message to a session whose row the caller locked (its latest stamp: `last`)."""
-    stamp = next_timestamp(last)
-    conn.execute(
-        sa.update(sessions).where(sessions.c.id == session_id).values(last_message_at=stamp)
-    )
-    conn.execute(
-        sa.insert(messages).values(
-            session_id=session_id, timestamp=stamp, role=role, content=content, internal=internal
-        )
-    )
-    return Message(session_id, stamp, role, content, internal)
-
-
-def _held(run: Run) -> sa.Update:
-    """An UPDATE of `run` that matches only while its owner still holds it."""
-    return sa.update(runs).where(
-        runs.c.id == run.id, runs.c.owner == run.owner, runs.c.state == "running"
-    )
-
-
-def _lock_session(conn: Conn, session_id: str) -> float | None:
-    row = conn.execute(
-        sa.select(sessions.c.last_message_at)
-        .where(sessions.c.id == session_id)
-        .with_for_update()  # ignored by SQLite, whose writer already holds the database lock
-    ).first()
-    if row is None:
-        raise SessionNotFound(f"no session {session_id}")
-    return cast(float | None, row.last_message_at)
-
-
 def _one(query: sa.Select[Any]) -> Callable[[Conn], sa.Row[Any] | None]:
     return lambda conn: conn.execute(query).first()
 
@@ -762,23 +529,6 @@ def _user(row: sa.Row[Any]) -> User:
 def _session(row: sa.Row[Any]) -> Session:
     status = cast(SessionStatus, row.status)
     return Session(row.id, row.user_id, status, row.status_message, row.created_at, row.ttl)
-
-
-def _run(row: sa.Row[Any]) -> Run:
-    return Run(
-        id=row.id,
-        session_id=row.session_id,
-        user_id=row.user_id,
-        question_at=row.question_at,
-        state=cast(RunState, row.state),
-        owner=row.owner,
-        lease_until=row.lease_until,
-        cancel_requested=bool(row.cancel_requested),
-        attempts=int(row.attempts),
-        created_at=row.created_at,
-        message=row.message,
-        preferred=row.preferred,
-    )
 
 
 def _file(row: sa.Row[Any]) -> FileRecord:
