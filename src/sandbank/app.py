@@ -7,6 +7,7 @@ import contextlib
 import ipaddress
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -34,7 +35,8 @@ from .interpreter.service import InterpreterService
 from .leasing import Sandboxes, open_sandboxes
 from .metrics import MeteredModel, MeteredRuntime, Metrics, endpoint
 from .startup import without_credentials
-from .store import Store, open_store
+from .store import Store, database_url, open_store
+from .store.lockfile import ServeLock
 from .web import site
 
 log = logging.getLogger("sandbank")
@@ -94,7 +96,9 @@ class Services:
         self.model: Model | SandbankError | None = None
         self.interpreter: InterpreterService | None = None
         self._expiry: asyncio.Task[None] | None = None
+        self._runs: asyncio.Task[None] | None = None
         self._shutdown: asyncio.Task[None] | None = None
+        self._serve_lock: ServeLock | None = None
 
     async def start(self) -> None:
         await self.runtime.start()
@@ -103,10 +107,17 @@ class Services:
 
     async def _start_interpreter(self) -> None:
         s = self.settings
+        alone = self._lock_sqlite()
         self.store = store = await open_store(s)
-        failed = await store.fail_pending_runs(RESTARTED)
+        failed = await store.fail_orphan_pending(RESTARTED)
         if failed:
             log.warning("%d run(s) ended by the restart were marked ERROR", len(failed))
+        if alone:
+            # No other process serves this database: runs it held died with it, and are
+            # continued now rather than once their leases expire.
+            taken = await store.expire_leases()
+            if taken:
+                log.warning("%d run(s) of a server that stopped will be continued", taken)
         self.objects = objects = await open_object_store(s)
         self.sandboxes = sandboxes = open_sandboxes(s, self.runtime)
         await sandboxes.start()
@@ -122,9 +133,31 @@ class Services:
         self.interpreter = InterpreterService(store, files, runs, s)
         self.interpreter_api.bind(self.interpreter, Identity(store, s))
         self._expiry = asyncio.create_task(self.interpreter.expire_forever())
+        self._runs = asyncio.create_task(runs.serve_forever(), name="runs")
+
+    def _lock_sqlite(self) -> bool:
+        """SQLite is for one serving process: True when this one is alone on its database."""
+        url = database_url(self.settings)
+        if not url.startswith("sqlite:///"):
+            return False
+        lock = ServeLock(Path(url.removeprefix("sqlite:///")))
+        holder = lock.acquire()
+        if holder is not None:
+            log.warning(
+                "another sandbank server already serves the SQLite database %s (%s). SQLite is "
+                "for one server process: runs stay consistent, but the two compete for one "
+                "writer and its runs are taken over only when their leases expire. For several "
+                "replicas use PostgreSQL (SANDBANK_DATABASE_URL); otherwise stop one of them.",
+                lock.database,
+                holder,
+            )
+            return False
+        self._serve_lock = lock
+        return True
 
     def begin_shutdown(self) -> asyncio.Task[None]:
-        """Running turns end ERROR "server shutting down", then every sandbox goes (once)."""
+        """No more runs are claimed; running ones finish within the grace period or are handed
+        back to the fleet; then every sandbox goes (once)."""
         if self._shutdown is None:
             self._shutdown = asyncio.get_running_loop().create_task(self._shut_down())
         return self._shutdown
@@ -136,10 +169,11 @@ class Services:
 
     async def stop(self) -> None:
         await self.begin_shutdown()
-        if self._expiry is not None:
-            self._expiry.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._expiry
+        for task in (self._expiry, self._runs):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.sandboxes is not None:
             await self.sandboxes.close()
         if isinstance(self.model, MeteredModel):
@@ -148,6 +182,8 @@ class Services:
             await self.objects.close()
         if self.store is not None:
             await self.store.close()
+        if self._serve_lock is not None:
+            self._serve_lock.release()
 
 
 def _cors(settings: Settings) -> list[Middleware]:

@@ -316,7 +316,33 @@ class Settings(BaseSettings):
     max_runs: int = Field(
         4,
         ge=1,
-        description="Agent runs in progress on this server at once; more are refused with 503.",
+        description="Agent runs in progress (queued or running) at once across every replica "
+        "sharing the database; more are refused with 503.",
+    )
+    runs_per_replica: int = Field(
+        4,
+        ge=1,
+        description="Runs one server process works on at once; more wait, queued, for a "
+        "replica with room.",
+    )
+    run_lease_seconds: float = Field(
+        15.0,
+        ge=1,
+        description="Lease a replica holds on a run it works on, renewed while it works; a run "
+        "whose replica died is taken over by another once its lease expires.",
+    )
+    run_poll_seconds: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        description="How often a replica renews its leases, reads cancel requests (posted to "
+        "any replica) and claims waiting runs; keep it under a third of `run_lease_seconds`.",
+    )
+    shutdown_grace_seconds: float = Field(
+        20.0,
+        ge=0,
+        description="On SIGTERM, how long running answers may take to finish before they are "
+        "handed back, for another replica (or the next start) to continue.",
     )
     trusted_user_header: str = Field(
         "",

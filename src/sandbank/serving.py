@@ -13,7 +13,8 @@ from .config import Settings
 
 
 class MainServer(uvicorn.Server):
-    """On SIGTERM, first ends running turns and calls (with a result), then stops listening."""
+    """On SIGTERM: stops listening, finishes or hands back running turns, ends calls (with a
+    result)."""
 
     def __init__(
         self, config: uvicorn.Config, services: Services, peers: list[uvicorn.Server]
@@ -24,8 +25,9 @@ class MainServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.should_exit:
-            # Running turns end ERROR first; then destroying the sessions answers in-flight
-            # calls, so uvicorn's graceful wait for open requests ends promptly.
+            # Running turns finish within the grace period or are handed back to the fleet;
+            # then destroying the sessions answers in-flight calls, so uvicorn's graceful
+            # wait for open requests ends promptly.
             self.services.begin_shutdown()
             for peer in self.peers:
                 peer.should_exit = True

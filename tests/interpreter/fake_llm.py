@@ -70,6 +70,7 @@ CODE = {
     "report": REPORT_CODE,
     "page": PAGE_CODE,
     "plotly": PLOTLY_CODE,
+    "nap": "import time\ntime.sleep(1.5)\nprint('rested')",
 }
 # Keyword in the question → the final answer (`{result}`: the tool's output as the model saw it).
 ANSWERS = {

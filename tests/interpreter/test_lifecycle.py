@@ -71,16 +71,20 @@ def stored_session(server: Server, sid: str) -> ChatSession:
     return asyncio.run(read())
 
 
-def test_runs_end_as_errors_on_kill_and_on_sigterm(llm: FakeLLM) -> None:
-    with running(openai_env(llm.url), data_dir()) as server, server.new_user() as client:
+def test_runs_are_continued_after_a_kill_and_after_a_sigterm(llm: FakeLLM) -> None:
+    """One process on SQLite: a run it held is continued by the next start, not lost."""
+    env = {**openai_env(llm.url), "SANDBANK_SHUTDOWN_GRACE_SECONDS": "0.5"}
+    with running(env, data_dir()) as server, server.new_user() as client:
         sid = client.new_session()
         client.ask(sid, "sleep")
         client.wait_for_status(sid, "running code")
         server.stop(signal.SIGKILL)
-        server.start()  # the same data directory
-        session = client.ok("GET", f"/api/sessions/{sid}")
-        assert session["status"] == "ERROR"
-        assert session["status_message"] == "interrupted by a server restart"
+        server.start()  # the same data directory: alone on it, it takes the run over at once
+        session = client.wait(sid, timeout=30)
+        assert session["status"] == "DONE", session
+        history = client.ok("GET", f"/api/sessions/{sid}/messages")
+        assert [m["content"] for m in history if m["role"] == "user"] == ["sleep"]
+        assert history[-1]["role"] == "assistant"
 
         client.ask(sid, "sleep")
         client.wait_for_status(sid, "running code")
@@ -89,7 +93,10 @@ def test_runs_end_as_errors_on_kill_and_on_sigterm(llm: FakeLLM) -> None:
         assert server.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
         assert time.monotonic() - started < 30
         session_row = stored_session(server, sid)
-        assert session_row.status == "ERROR"
-        assert session_row.status_message == "server shutting down"
+        assert session_row.status == "PENDING"  # handed back, not failed
+        assert session_row.status_message == "waiting for another server to continue"
         with pytest.raises(httpx.TransportError):
             httpx.get(server.url + "/api/sessions", timeout=2)
+        server.start()
+        session = client.wait(sid, timeout=30)
+        assert session["status"] == "DONE", session

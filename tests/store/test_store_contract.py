@@ -122,20 +122,29 @@ async def test_only_one_of_concurrent_run_starts_wins(store: Store) -> None:
         await store.set_status("missing", "DONE")
 
 
-async def test_fail_pending_runs_marks_only_pending(store: Store) -> None:
-    pending = await _session_of(store)
+async def test_fail_orphan_pending_marks_only_pending_sessions_without_a_run(
+    store: Store,
+) -> None:
+    orphan = await _session_of(store)
     done = await _session_of(store)
-    assert await store.try_start_run(pending, "running")
-    assert await store.count_pending() == 1
+    with_run = await _session_of(store)
+    assert await store.try_start_run(orphan, "running")  # as a server before runs were jobs
+    started = await store.start_run(
+        with_run, "q", max_per_user=9, max_total=9, owner=None, lease_seconds=10
+    )
+    assert not isinstance(started, str)
+    assert await store.count_pending() == 2
 
-    assert await store.fail_pending_runs("server restarted") == [pending]
+    assert await store.fail_orphan_pending("server restarted") == [orphan]
 
-    failed = await store.get_session(pending)
+    failed = await store.get_session(orphan)
     assert failed is not None and failed.status == "ERROR"
     assert failed.status_message == "server restarted"
     untouched = await store.get_session(done)
     assert untouched is not None and untouched.status == "DONE"
-    assert await store.count_pending() == 0
+    kept = await store.get_session(with_run)
+    assert kept is not None and kept.status == "PENDING"
+    assert await store.count_pending() == 1
 
 
 async def test_count_pending_per_user(store: Store) -> None:
@@ -297,7 +306,7 @@ async def test_reopening_keeps_data_and_reapplies_no_migration(
     with engine.connect() as conn:
         versions = conn.execute(sa.text("SELECT version_num FROM alembic_version")).all()
     engine.dispose()
-    assert [v[0] for v in versions] == ["0001"]
+    assert [v[0] for v in versions] == ["0002"]
 
 
 async def test_the_default_database_is_sqlite_in_the_data_dir(tmp_path: Path) -> None:

@@ -41,9 +41,8 @@ class SessionFiles:
         self.settings = settings
         # An upload can never exceed what a sandbox accepts: PutFile's cap and its disk.
         self.upload_cap = min(settings.put_file_max_bytes, settings.disk_limit_mb * MiB)
-        # S3 calls nobody back after an upload: forms handed out are remembered until they
-        # expire and reconciled by asking the store (lost on restart: upload again then).
-        self._pending: dict[str, dict[str, float]] = {}
+        # S3 calls nobody back after an upload: forms handed out are noted in the database
+        # until they expire (so every replica sees them) and reconciled with the objects.
 
     @property
     def receiver(self) -> UploadReceiver | None:
@@ -68,23 +67,20 @@ class SessionFiles:
             object_key(session_id, filename), min(self.upload_cap, remaining), expiry
         )
         if self.receiver is None:
-            self._pending.setdefault(session_id, {})[filename] = time.time() + expiry
+            await self.store.note_upload(session_id, filename, time.time() + expiry)
         return form
 
     async def reconcile(self, session_id: str) -> None:
         """Record uploads that went straight to the object store (S3)."""
-        pending = self._pending.get(session_id)
-        if not pending:
+        if self.receiver is not None:
             return
         now = time.time()
-        for filename, expires in list(pending.items()):
+        for filename, expires in (await self.store.pending_uploads(session_id)).items():
             size = await self.objects.size(object_key(session_id, filename))
             if size is not None:
                 await self.store.upsert_file(session_id, filename, size, "user")
             if expires < now:
-                del pending[filename]  # no upload can start any more
-        if not pending:
-            self._pending.pop(session_id, None)
+                await self.store.drop_upload(session_id, filename)  # no upload can start now
 
     async def list(self, session_id: str) -> list[FileRecord]:
         await self.reconcile(session_id)
@@ -100,7 +96,6 @@ class SessionFiles:
         )
 
     async def forget(self, session_id: str) -> None:
-        self._pending.pop(session_id, None)
         await self.objects.delete_prefix(session_prefix(session_id))
 
     # --- this server's own upload and download endpoints (local object store) -----------------

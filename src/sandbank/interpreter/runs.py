@@ -1,4 +1,5 @@
-"""Agent runs of sessions: one background task each, on a leased sandbox, recorded in the store.
+"""Agent runs of sessions: leased jobs in the store, each a background task of the replica
+holding it, on a leased sandbox, recorded in the store.
 
 A run leases the session's sandbox (a new one when the provider reclaimed it, and the agent
 is told), places the session's files in its workspace (uploads read-only), runs the agent
@@ -10,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
+import socket
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,11 +43,28 @@ from sandbank.interpreter.files import SessionFiles
 from sandbank.leasing import FileEntry, Sandboxes
 from sandbank.sandbox.base import ExecResult, ToolCall
 from sandbank.store import ChatSession, Message, SessionStatus, Store
+from sandbank.store.base import LeaseLost, Run, RunState
 
 log = logging.getLogger(__name__)
 
-SHUTTING_DOWN = "server shutting down"
+HANDED_BACK = "waiting for another server to continue"
+WORKER_LOST = "the server working on this answer was lost too many times; ask again"
 STOP_WAIT_S = 15.0  # how long stopping a run waits for it to record how it ended
+MAX_ATTEMPTS = 3
+# A run preferring the replica that holds its session's sandbox waits this many ticks for it
+# before any replica may take it (that replica may be dead, or full).
+AFFINITY_TICKS = 3  # claims of one run; a run that kills its replica must not kill them all
+# What the model reads when it continues an answer that another replica began.
+RESUME_NOTE = (
+    "(The server that was working on your answer to the question above stopped. Continue "
+    "answering it from where the work shown above left off. Your sandbox was started afresh: "
+    "variables are gone, the session's files are in place.)"
+)
+
+
+def new_replica_id() -> str:
+    """This process's name in the runs table: random, so a restarted process is a new one."""
+    return f"{socket.gethostname()[:40]}-{secrets.token_hex(6)}"
 
 
 @dataclass
@@ -57,23 +78,27 @@ class Lease:
 
 @dataclass
 class ActiveRun:
+    run: Run
     task: asyncio.Task[None]
     cancel: anyio.Event
-    stop_reason: str | None = None  # set when the task is cancelled: shutdown or deletion
+    # Set before the task is cancelled: the ERROR message to record, HANDED_BACK, or "" when
+    # nothing may be written (the lease is lost, the session deleted).
+    stop_reason: str | None = None
+    finishing: bool = False  # the turn is over: it is saving files and recording its end
 
 
 class StoreRecorder:
-    """The agent's `Recorder`: messages and progress go to the session in the store."""
+    """The agent's `Recorder`: messages and progress go to the session, while the lease holds."""
 
-    def __init__(self, store: Store, session_id: str) -> None:
+    def __init__(self, store: Store, run: Run) -> None:
         self.store = store
-        self.session_id = session_id
+        self.run = run
 
     async def add_message(self, role: Role, content: str, internal: bool) -> None:
-        await self.store.add_message(self.session_id, role, content, internal)
+        await self.store.add_message(self.run.session_id, role, content, internal, fence=self.run)
 
     async def set_status(self, message: str) -> None:
-        await self.store.set_status(self.session_id, "PENDING", message)
+        await self.store.set_progress(self.run, message)
 
 
 class SandboxWorkbench:
@@ -92,12 +117,20 @@ class SandboxWorkbench:
         return [FileInfo(e.path, e.size) for e in entries]
 
 
+def answered(stored: list[Message], run: Run) -> bool:
+    """Whether the run's final answer is among the session's stored messages."""
+    return any(
+        m.timestamp > run.question_at and m.role == "assistant" and not m.internal for m in stored
+    )
+
+
 def owner_of(user_id: str) -> str:
     return f"interp:{user_id}"
 
 
 class Runs:
-    """Starts, cancels and stops the agent runs of sessions."""
+    """The runs of this replica: it claims runs from the store (its own posts at once, others'
+    and orphans' on each tick), holds their leases while it works, and gives them back."""
 
     def __init__(
         self,
@@ -106,152 +139,275 @@ class Runs:
         sandboxes: Sandboxes,
         model: Model | SandbankError,
         settings: Settings,
+        replica: str | None = None,
     ) -> None:
         self.store = store
         self.files = files
         self.sandboxes = sandboxes
         self.model = model  # the error that prevented building it, when not configured
         self.settings = settings
+        self.replica = replica or new_replica_id()
         self.limits = RunLimits.from_settings(settings)
         self.leases: dict[str, Lease] = {}
-        self.active: dict[str, ActiveRun] = {}
-        # Limits are counted then claimed: one server per database, so a process lock suffices.
-        self._start_lock = asyncio.Lock()
-        self._closing = False
+        self.active: dict[str, ActiveRun] = {}  # by session id
+        self._claiming = True
+        self._reserved = 0  # slots held by posts between their check and their store write
+        self._wake = asyncio.Event()
+        if settings.run_poll_seconds * 3 > settings.run_lease_seconds:
+            log.warning(
+                "SANDBANK_RUN_POLL_SECONDS (%g) is over a third of SANDBANK_RUN_LEASE_SECONDS "
+                "(%g): a slow renewal may let another replica take a run that is still alive",
+                settings.run_poll_seconds,
+                settings.run_lease_seconds,
+            )
 
     # --- starting, cancelling, stopping ------------------------------------------------------
     async def begin(self, session: ChatSession, content: str) -> Message:
-        """Store the question and start its run; refuses before storing anything."""
+        """Store the question and its run (taken here when there is room, else queued for any
+        replica); refuses before storing anything."""
         if isinstance(self.model, SandbankError):
             # A fresh error each time: raising the stored one would grow its traceback
             # and keep every request's frames alive.
             raise type(self.model)(self.model.message)
-        if self._closing:
-            raise AtCapacity(SHUTTING_DOWN, retry_after=30)
         s = self.settings
-        busy = (
-            "a run is already in progress in this session: wait until its status is DONE or "
-            "ERROR (or cancel it with POST /api/sessions/{id}/cancel), then post again"
-        )
-        async with self._start_lock:
-            if session.status == "PENDING":
-                raise RunInProgress(busy)
-            if await self.store.count_pending(session.user_id) >= s.max_runs_per_user:
-                raise TooManyRuns(
-                    f"you have {s.max_runs_per_user} runs in progress, the most allowed at once: "
-                    "post again when one has ended"
-                )
-            if await self.store.count_pending() >= s.max_runs:
-                raise AtCapacity(
-                    f"the server is running {s.max_runs} agents, its limit: retry shortly",
-                    retry_after=10,
-                )
-            if not await self.store.try_start_run(session.id, "starting"):
-                raise RunInProgress(busy)
+        # A slot is reserved across the await, so concurrent posts never overfill this replica.
+        here = self._claiming and len(self.active) + self._reserved < s.runs_per_replica
+        self._reserved += here
         try:
-            history = await self.store.list_messages(session.id)
-            question = await self.store.add_message(session.id, "user", content)
-        except BaseException:
-            with contextlib.suppress(SessionNotFound):
-                await self.store.set_status(session.id, "ERROR", "the question was not stored")
-            raise
-        cancel = anyio.Event()
-        task = asyncio.create_task(
-            self._run(self.model, session, question, history, cancel),
-            name=f"run {session.id}",
-        )
-        self.active[session.id] = ActiveRun(task, cancel)
+            started = await self.store.start_run(
+                session.id,
+                content,
+                max_per_user=s.max_runs_per_user,
+                max_total=s.max_runs,
+                owner=self.replica if here else None,
+                lease_seconds=s.run_lease_seconds,
+                # Local runtimes: the replica holding the session's sandbox runs it if alive.
+                affinity=not s.sandbox_url,
+            )
+        finally:
+            self._reserved -= here
+        if started == "busy":
+            raise RunInProgress(
+                "a run is already in progress in this session: wait until its status is DONE "
+                "or ERROR (or cancel it with POST /api/sessions/{id}/cancel), then post again"
+            )
+        if started == "user_limit":
+            raise TooManyRuns(
+                f"you have {s.max_runs_per_user} runs in progress, the most allowed at once: "
+                "post again when one has ended"
+            )
+        if started == "total_limit":
+            raise AtCapacity(
+                f"the service is running {s.max_runs} agents, its limit: retry shortly",
+                retry_after=10,
+            )
+        question, run = started
+        if run.owner == self.replica:
+            self._spawn(self.model, run)
+        else:
+            self._wake.set()
         return question
 
     async def cancel(self, session_id: str) -> None:
-        run = self.active.get(session_id)
-        if run is None:
+        """Cancel the session's run wherever it runs; returns once it ended (bounded)."""
+        outcome = await self.store.request_cancel(session_id)
+        if outcome == "none":
             raise Conflict("no run is in progress in this session")
-        run.cancel.set()
-        await asyncio.wait({run.task}, timeout=STOP_WAIT_S)
+        if outcome == "ended":
+            return
+        local = self.active.get(session_id)
+        if local is not None:
+            local.cancel.set()
+            await asyncio.wait({local.task}, timeout=STOP_WAIT_S)
+            return
+        # Another replica runs it: it reads the flag on its next tick.
+        deadline = time.monotonic() + STOP_WAIT_S
+        while time.monotonic() < deadline:
+            session = await self.store.get_session(session_id)
+            if session is None or session.status != "PENDING":
+                return
+            await asyncio.sleep(0.1)
 
     async def stop(self, session_id: str, reason: str | None) -> None:
-        """End the session's run (its status set to ERROR `reason`, unless None) and sandbox."""
-        run = self.active.get(session_id)
-        if run is not None:
-            run.stop_reason = reason or ""
-            run.task.cancel()
-            await asyncio.wait({run.task}, timeout=STOP_WAIT_S)
+        """End the session's run here (its status set to ERROR `reason`, unless None) and its
+        sandbox. A run on another replica loses its lease when its session is deleted."""
+        active = self.active.get(session_id)
+        if active is not None:
+            active.stop_reason = reason or ""
+            active.task.cancel()
+            await asyncio.wait({active.task}, timeout=STOP_WAIT_S)
         lease = self.leases.pop(session_id, None)
         if lease is not None:
             with contextlib.suppress(SandbankError):
                 await self.sandboxes.destroy(lease.sandbox_id, lease.owner)
 
-    async def shutdown(self) -> None:
-        """Running turns end ERROR "server shutting down"; no new run starts."""
-        self._closing = True
-        runs = list(self.active.values())
-        for run in runs:
-            run.stop_reason = SHUTTING_DOWN
-            run.task.cancel()
-        if runs:
-            await asyncio.wait({r.task for r in runs}, timeout=STOP_WAIT_S)
+    async def shutdown(self, grace_s: float | None = None) -> None:
+        """Stop claiming; let running answers finish within the grace period, then hand the
+        others back (queued, no lease) for another replica, or the next start, to continue."""
+        self._claiming = False
+        self._wake.set()
+        grace = self.settings.shutdown_grace_seconds if grace_s is None else grace_s
+        tasks = {a.task for a in self.active.values()}
+        if tasks and grace > 0:
+            await asyncio.wait(tasks, timeout=grace)
+        remaining = list(self.active.values())
+        for active in remaining:
+            if not active.finishing:
+                active.stop_reason = HANDED_BACK
+                active.task.cancel()
+        if remaining:
+            await asyncio.wait({a.task for a in remaining}, timeout=STOP_WAIT_S)
+
+    # --- the tick: renew, read cancels, claim -------------------------------------------------
+    async def serve_forever(self) -> None:
+        """Renew this replica's leases, pass on cancel requests, claim waiting runs; each tick."""
+        while True:
+            try:
+                await self.tick()
+            except SandbankError as e:
+                log.error("runs: a tick failed: %s", e.message)
+            except Exception:
+                # The loop must outlive a bug: without it, this replica's leases would lapse.
+                log.exception("runs: a tick failed")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.run_poll_seconds)
+
+    async def tick(self) -> None:
+        s = self.settings
+        held = {a.run.id: a for a in self.active.values()}
+        if held:
+            renewed = await self.store.renew_runs(self.replica, list(held), s.run_lease_seconds)
+            for run_id, active in held.items():
+                if run_id not in renewed:
+                    if not active.task.done() and active.stop_reason is None:
+                        log.warning("run %s: lease lost, stopping it here", run_id)
+                        active.stop_reason = ""
+                        active.task.cancel()
+                elif renewed[run_id]:
+                    active.cancel.set()
+        room = s.runs_per_replica - len(self.active) - self._reserved
+        if self._claiming and room > 0 and not isinstance(self.model, SandbankError):
+            claimed = await self.store.claim_runs(
+                self.replica, room, s.run_lease_seconds, AFFINITY_TICKS * s.run_poll_seconds
+            )
+            for run in claimed:
+                if run.attempts > 1:
+                    log.info("run %s of session %s: taken over", run.id, run.session_id)
+                self._spawn(self.model, run)
+
+    def _spawn(self, model: Model, run: Run) -> None:
+        cancel = anyio.Event()
+        if run.cancel_requested:
+            cancel.set()
+        task = asyncio.create_task(self._run(model, run, cancel), name=f"run {run.id}")
+        self.active[run.session_id] = ActiveRun(run, task, cancel)
 
     # --- one run -----------------------------------------------------------------------------
-    async def _run(
-        self,
-        model: Model,
-        session: ChatSession,
-        question: Message,
-        history: list[Message],
-        cancel: anyio.Event,
-    ) -> None:
-        sid, owner = session.id, owner_of(session.user_id)
+    async def _run(self, model: Model, run: Run, cancel: anyio.Event) -> None:
+        sid, owner = run.session_id, owner_of(run.user_id)
         status: SessionStatus = "ERROR"
+        state: RunState = "error"
         message: str | None = "internal error"
         try:
-            lease, recreated = await self._lease(sid, owner, had_history=bool(history))
+            if run.attempts > MAX_ATTEMPTS:
+                raise SandbankError(WORKER_LOST)
+            stored = await self.store.list_messages(sid)
+            question = next((m for m in stored if m.timestamp == run.question_at), None)
+            if question is None:
+                raise LeaseLost(f"session {sid} is gone")
+            resumed = run.attempts > 1
+            if resumed and answered(stored, run):
+                # The answer was stored before the last replica stopped; only the end was not.
+                self._forget(run)
+                await self.store.finish_run(run, "DONE", None, "done")
+                return
+            # Resumed, the model sees the question and what another replica did, and goes on.
+            history = stored if resumed else [m for m in stored if m.timestamp < run.question_at]
+            lease, recreated = await self._lease(sid, owner, bool(history))
             before = await self._place(sid, owner, lease)
             result = await run_turn(
                 model=model,
                 workbench=SandboxWorkbench(self.sandboxes, lease.sandbox_id, owner),
-                recorder=StoreRecorder(self.store, sid),
-                question=question.content,
+                recorder=StoreRecorder(self.store, run),
+                question=RESUME_NOTE if resumed else question.content,
                 history=[HistoryMessage(m.role, m.content, m.internal) for m in history],
                 limits=self.limits,
                 sandbox_recreated=recreated,
                 cancel=cancel,
             )
-            skipped = await self._harvest(session, owner, lease, before)
+            if isinstance(result.error, LeaseLost):
+                raise result.error
+            active = self.active.get(sid)
+            if active is not None and active.run.id == run.id:
+                active.finishing = True  # a shutdown lets it save its files and end
+            skipped = await self._harvest(run, owner, lease, before)
             if result.status == "cancelled":
                 # The loop abandoned its call; only ending the sandbox stops that code.
                 await self._drop(sid, owner)
+                state = "cancelled"
             if result.status == "done":
-                status, message = "DONE", None
+                status, state, message = "DONE", "done", None
                 if skipped:
                     message = "done; not saved: " + "; ".join(skipped)
             else:
                 message = result.error.message if result.error else result.status
         except asyncio.CancelledError:
-            reason = self.active[sid].stop_reason if sid in self.active else None
-            if reason:
-                with contextlib.suppress(SandbankError):
-                    await self.store.set_status(sid, "ERROR", reason)
-            self.active.pop(sid, None)
+            await self._stopped(run)
             raise
+        except LeaseLost:
+            log.warning("run %s: lease lost, its result is not recorded here", run.id)
+            self._forget(run)
+            with contextlib.suppress(SandbankError):
+                await self._drop(sid, owner)
+            return
         except SandbankError as e:
             message = e.message
         except Exception:
             error_id = uuid.uuid4()
             log.exception("run of session %s failed, error id %s", sid, error_id)
             message = f"internal error; the server logged it with error id {error_id}"
-        self.active.pop(sid, None)
-        with contextlib.suppress(SessionNotFound):
-            await self.store.set_status(sid, status, message)
+        self._forget(run)
+        with contextlib.suppress(SandbankError):
+            await self.store.finish_run(run, status, message, state)
+
+    async def _stopped(self, run: Run) -> None:
+        """The run's task was cancelled: record why, as `stop_reason` says."""
+        active = self.active.get(run.session_id)
+        reason = active.stop_reason if active is not None and active.run.id == run.id else None
+        self._forget(run)
+        with contextlib.suppress(SandbankError):
+            if reason == HANDED_BACK:
+                # Ends DONE instead when its answer is stored: an answer is never given twice.
+                await self.store.release_run(run, HANDED_BACK)
+            elif reason:
+                await self.store.finish_run(run, "ERROR", reason, "error")
+            elif reason == "":  # lost: its sandbox is of no use here any more
+                await self._drop(run.session_id, owner_of(run.user_id))
+
+    def _forget(self, run: Run) -> None:
+        active = self.active.get(run.session_id)
+        if active is not None and active.run.id == run.id:
+            del self.active[run.session_id]
+            self._wake.set()  # a slot is free: claim a waiting run now, not at the next tick
 
     async def _lease(self, sid: str, owner: str, had_history: bool) -> tuple[Lease, bool]:
         lease = self.leases.get(sid)
         if lease is not None and await self.sandboxes.exists(lease.sandbox_id, owner):
             return lease, False
+        if lease is None and self.settings.sandbox_url:
+            # A shared backend: the sandbox another replica used for this session is ours too
+            # (its files are placed again, as this replica knows nothing of what it holds).
+            _, stored = await self.store.session_sandbox(sid)
+            if stored is not None and await self.sandboxes.exists(stored, owner):
+                lease = self.leases[sid] = Lease(stored, owner)
+                await self.store.note_sandbox(sid, self.replica, stored)
+                return lease, False
         # Earlier turns ran in a sandbox that is gone: its variables are lost.
         recreated = lease is not None or had_history
         lease = Lease(await self.sandboxes.create(owner), owner)
         self.leases[sid] = lease
+        await self.store.note_sandbox(sid, self.replica, lease.sandbox_id)
         return lease, recreated
 
     async def _drop(self, sid: str, owner: str) -> None:
@@ -289,10 +445,10 @@ class Runs:
         return {e.path: (e.size, e.modified_at) for e in entries}
 
     async def _harvest(
-        self, session: ChatSession, owner: str, lease: Lease, before: dict[str, tuple[int, float]]
+        self, run: Run, owner: str, lease: Lease, before: dict[str, tuple[int, float]]
     ) -> list[str]:
         """Save files the run created or changed; returns what was not saved, and why."""
-        sid = session.id
+        sid = run.session_id
         try:
             entries = await self.sandboxes.list_files(lease.sandbox_id, owner)
         except SessionNotFound:
@@ -305,7 +461,7 @@ class Runs:
             if entry.path in uploads:
                 continue  # a user's upload is never replaced by a run (read-only anyway)
             try:
-                await self._save(session, owner, lease, entry)
+                await self._save(run, owner, lease, entry)
             except BadRequest:
                 skipped.append(f"{entry.path} (name not allowed)")
             except (PayloadTooLarge, QuotaError) as e:
@@ -314,10 +470,10 @@ class Runs:
                 break
         return skipped
 
-    async def _save(self, session: ChatSession, owner: str, lease: Lease, entry: FileEntry) -> None:
+    async def _save(self, run: Run, owner: str, lease: Lease, entry: FileEntry) -> None:
         name = validate_stored_name(entry.path)
-        remaining = await self.files.remaining_quota(session.user_id)
-        existing = await self.store.get_file(session.id, name)
+        remaining = await self.files.remaining_quota(run.user_id)
+        existing = await self.store.get_file(run.session_id, name)
         if existing is not None:
             remaining += existing.size
         cap = min(self.settings.put_file_max_bytes, remaining)
@@ -330,8 +486,8 @@ class Runs:
         with tempfile.TemporaryFile() as tmp:
             size = await self.sandboxes.read_file(lease.sandbox_id, owner, entry.path, tmp, cap)
             await anyio.to_thread.run_sync(tmp.seek, 0)
-            await self.files.objects.put(object_key(session.id, name), tmp, size)
-        record = await self.store.upsert_file(session.id, name, size, "assistant")
+            await self.files.objects.put(object_key(run.session_id, name), tmp, size)
+        record = await self.store.upsert_file(run.session_id, name, size, "assistant")
         lease.placed[name] = record.updated_at
 
 

@@ -8,7 +8,15 @@ import time
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from sandbank.errors import SandbankError
+
 SessionStatus = Literal["PENDING", "DONE", "ERROR"]
+RunState = Literal["queued", "running", "done", "error", "cancelled"]
+ACTIVE_RUN_STATES = ("queued", "running")
+# Why a question was refused before anything was stored (see `Store.start_run`).
+StartRefusal = Literal["busy", "user_limit", "total_limit"]
+CancelOutcome = Literal["none", "requested", "ended"]
+ReleaseOutcome = Literal["released", "answered", "lost"]
 Role = Literal["user", "assistant", "tool", "trace"]
 Origin = Literal["user", "assistant"]
 
@@ -65,6 +73,28 @@ class FileRecord:
     size: int
     origin: Origin
     updated_at: float
+
+
+@dataclass(frozen=True)
+class Run:
+    """The run of one posted question: a job that one replica at a time holds under a lease."""
+
+    id: str
+    session_id: str
+    user_id: str
+    question_at: float  # the timestamp of the question message
+    state: RunState
+    owner: str | None  # the replica holding the lease (kept after the run ends)
+    lease_until: float | None
+    cancel_requested: bool
+    attempts: int  # claims so far: more than one means another replica worked on it before
+    created_at: float
+    message: str | None = None  # how it ended
+    preferred: str | None = None  # the replica holding the session's sandbox, if any
+
+
+class LeaseLost(SandbankError):
+    """The replica no longer holds the run (taken over, or its session deleted): stop it."""
 
 
 def new_secret() -> str:
@@ -134,8 +164,9 @@ class Store(Protocol):
         self, session_id: str, status: SessionStatus, message: str | None = None
     ) -> None: ...
 
-    async def fail_pending_runs(self, message: str) -> list[str]:
-        """At start-up: every PENDING session (its run died with the old process) becomes ERROR."""
+    async def fail_orphan_pending(self, message: str) -> list[str]:
+        """PENDING sessions without a queued or running run (left by a server before runs were
+        jobs) become ERROR `message`; safe while other replicas work."""
         ...
 
     async def expired_sessions(self, now: float) -> list[str]:
@@ -145,11 +176,90 @@ class Store(Protocol):
     async def count_sessions(self, user_id: str) -> int: ...
     async def count_pending(self, user_id: str | None = None) -> int: ...
 
+    # --- runs: leased jobs ------------------------------------------------------------------
+    async def start_run(
+        self,
+        session_id: str,
+        content: str,
+        *,
+        max_per_user: int,
+        max_total: int,
+        owner: str | None,
+        lease_seconds: float,
+        affinity: bool = False,
+    ) -> tuple[Message, Run] | StartRefusal:
+        """One transaction: check the limits (counted under a lock, so they hold for every
+        replica), move the session to PENDING, store the question and its run. The run is
+        claimed by `owner` at once when given, else queued. With `affinity`, a session whose
+        sandbox lives on another replica has its run queued, preferring that replica.
+        Refusals store nothing."""
+        ...
+
+    async def claim_runs(
+        self, owner: str, limit: int, lease_seconds: float, affinity_seconds: float = 0.0
+    ) -> list[Run]:
+        """Claim up to `limit` queued runs and runs whose lease expired, oldest first; no run
+        is ever claimed by two replicas (row locks skipped, or the single SQLite writer). A run
+        preferring another replica is left to it for `affinity_seconds`."""
+        ...
+
+    async def note_sandbox(self, session_id: str, replica: str, sandbox_id: str) -> None:
+        """The session's sandbox now lives on `replica` (a missing session is ignored)."""
+        ...
+
+    async def session_sandbox(self, session_id: str) -> tuple[str | None, str | None]:
+        """(replica, sandbox id) of the session's latest sandbox."""
+        ...
+
+    async def renew_runs(
+        self, owner: str, run_ids: list[str], lease_seconds: float
+    ) -> dict[str, bool]:
+        """Extend the leases `owner` still holds: {run id: cancel requested}. A run missing
+        from the answer is lost (taken over, deleted): its replica must stop it."""
+        ...
+
+    async def finish_run(
+        self, run: Run, status: SessionStatus, message: str | None, state: RunState
+    ) -> bool:
+        """End the run and set its session's status together; False (nothing written) when
+        `run.owner` no longer holds it."""
+        ...
+
+    async def release_run(self, run: Run, status_message: str | None) -> ReleaseOutcome:
+        """Hand the run back (queued, no lease) so another replica continues it at once;
+        `answered` (the run ended DONE instead) when its answer is already stored, decided
+        under the session's lock so an answer is never given twice; `lost` when not held."""
+        ...
+
+    async def request_cancel(self, session_id: str) -> CancelOutcome:
+        """Flag the session's run for cancelling; a queued run, or one whose lease expired,
+        ends at once (`ended`, the session ERROR "cancelled"). `none`: no run in progress."""
+        ...
+
+    async def get_run(self, run_id: str) -> Run | None: ...
+    async def active_run(self, session_id: str) -> Run | None: ...
+
+    async def expire_leases(self) -> int:
+        """Make every running run's lease expire now (its replica is known to be gone)."""
+        ...
+
+    async def set_progress(self, run: Run, message: str) -> None:
+        """The session's status message, while `run.owner` holds the run (else `LeaseLost`)."""
+        ...
+
     # --- messages ----------------------------------------------------------------------------
     async def add_message(
-        self, session_id: str, role: Role, content: str, internal: bool = False
+        self,
+        session_id: str,
+        role: Role,
+        content: str,
+        internal: bool = False,
+        fence: Run | None = None,
     ) -> Message:
-        """Append a message; its timestamp is later than every earlier one of the session."""
+        """Append a message; its timestamp is later than every earlier one of the session.
+
+        With `fence`, only while `fence.owner` holds that run (else `LeaseLost`, nothing stored).
+        """
         ...
 
     async def list_messages(self, session_id: str, after: float | None = None) -> list[Message]:
@@ -167,3 +277,11 @@ class Store(Protocol):
     async def user_stored_bytes(self, user_id: str) -> int:
         """Total size of the files recorded in the user's sessions."""
         ...
+
+    # --- upload forms awaiting their object (S3) ---------------------------------------------
+    async def note_upload(self, session_id: str, filename: str, expires_at: float) -> None: ...
+    async def pending_uploads(self, session_id: str) -> dict[str, float]:
+        """{filename: when its form expires} of forms handed out by any replica."""
+        ...
+
+    async def drop_upload(self, session_id: str, filename: str) -> None: ...

@@ -35,6 +35,9 @@ sessions = sa.Table(
     sa.Column("ttl", sa.Double(), nullable=False),
     # The latest message timestamp, read under the session's row lock to order the next one.
     sa.Column("last_message_at", sa.Double(), nullable=True),
+    # Where the session's sandbox lives (migration 0002).
+    sa.Column("replica", sa.String(64), nullable=True),
+    sa.Column("sandbox_id", sa.String(200), nullable=True),
 )
 
 messages = sa.Table(
@@ -61,4 +64,33 @@ files = sa.Table(
     sa.Column("size", sa.BigInteger(), nullable=False),
     sa.Column("origin", sa.String(16), nullable=False),
     sa.Column("updated_at", sa.Double(), nullable=False),
+)
+
+# The run of a posted question: a job leased by one replica at a time (migration 0002).
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("id", sa.String(36), primary_key=True),
+    sa.Column("session_id", sa.ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("user_id", sa.String(36), nullable=False),
+    sa.Column("question_at", sa.Double(), nullable=False),  # the question message's timestamp
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("owner", sa.String(64), nullable=True),  # the replica holding the lease
+    sa.Column("lease_until", sa.Double(), nullable=True),
+    sa.Column("cancel_requested", sa.Boolean(), nullable=False),
+    sa.Column("attempts", sa.Integer(), nullable=False),  # claims so far
+    sa.Column("created_at", sa.Double(), nullable=False),
+    sa.Column("updated_at", sa.Double(), nullable=False),
+    sa.Column("message", sa.Text(), nullable=True),  # how it ended
+    sa.Column("preferred", sa.String(64), nullable=True),  # the replica with its sandbox
+)
+
+# Upload forms handed out for an object store that calls nobody back (S3): every replica
+# reconciles them with the objects, whichever replica handed the form out (migration 0002).
+pending_uploads = sa.Table(
+    "pending_uploads",
+    metadata,
+    sa.Column("session_id", sa.ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("filename", sa.String(1024), primary_key=True),
+    sa.Column("expires_at", sa.Double(), nullable=False),
 )

@@ -14,22 +14,38 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from sandbank.errors import Conflict, NotFound, SandbankError, SessionNotFound
+from sandbank.store import sql_runs
 from sandbank.store.base import (
+    ACTIVE_RUN_STATES,
     ApiKey,
+    CancelOutcome,
     ChatSession,
     FileRecord,
+    LeaseLost,
     Message,
     Origin,
+    ReleaseOutcome,
     Role,
+    Run,
+    RunState,
     SessionStatus,
+    StartRefusal,
     User,
     hash_secret,
     new_key_id,
     new_secret,
-    next_timestamp,
 )
 from sandbank.store.engine import Engines, create_engines, migrate
-from sandbank.store.schema import api_keys, files, messages, sessions, users
+from sandbank.store.schema import (
+    api_keys,
+    files,
+    messages,
+    pending_uploads,
+    runs,
+    sessions,
+    users,
+)
+from sandbank.store.sql_runs import insert_message, lock_session, run_of
 
 T = TypeVar("T")
 Conn = sa.Connection
@@ -210,7 +226,7 @@ class SqlStore:
             )
             if result.rowcount:
                 return True
-            _lock_session(conn, session_id)  # raises SessionNotFound when missing
+            lock_session(conn, session_id)  # raises SessionNotFound when missing
             return False
 
         return await self._write(run)
@@ -229,11 +245,16 @@ class SqlStore:
 
         await self._write(run)
 
-    async def fail_pending_runs(self, message: str) -> list[str]:
+    async def fail_orphan_pending(self, message: str) -> list[str]:
         def run(conn: Conn) -> list[str]:
+            has_run = (
+                sa.select(runs.c.id)
+                .where(runs.c.session_id == sessions.c.id, runs.c.state.in_(ACTIVE_RUN_STATES))
+                .exists()
+            )
             ids = conn.execute(
                 sa.update(sessions)
-                .where(sessions.c.status == "PENDING")
+                .where(sessions.c.status == "PENDING", ~has_run)
                 .values(status="ERROR", status_message=message)
                 .returning(sessions.c.id)
             ).scalars()
@@ -255,29 +276,130 @@ class SqlStore:
             query = query.where(sessions.c.user_id == user_id)
         return await self._read(_scalar_int(query))
 
+    # --- runs: leased jobs (transactions in sql_runs) -----------------------------------------
+    async def start_run(
+        self,
+        session_id: str,
+        content: str,
+        *,
+        max_per_user: int,
+        max_total: int,
+        owner: str | None,
+        lease_seconds: float,
+        affinity: bool = False,
+    ) -> tuple[Message, Run] | StartRefusal:
+        start = partial(
+            sql_runs.start_run,
+            session_id=session_id,
+            content=content,
+            max_per_user=max_per_user,
+            max_total=max_total,
+            owner=owner,
+            lease_seconds=lease_seconds,
+            affinity=affinity,
+            is_sqlite=self._engines.is_sqlite,
+        )
+        return await self._write(start)
+
+    async def claim_runs(
+        self, owner: str, limit: int, lease_seconds: float, affinity_seconds: float = 0.0
+    ) -> list[Run]:
+        if limit <= 0:
+            return []
+        claim = partial(
+            sql_runs.claim_runs,
+            owner=owner,
+            limit=limit,
+            lease_seconds=lease_seconds,
+            affinity_seconds=affinity_seconds,
+        )
+        return await self._write(claim)
+
+    async def renew_runs(
+        self, owner: str, run_ids: list[str], lease_seconds: float
+    ) -> dict[str, bool]:
+        if not run_ids:
+            return {}
+        renew = partial(
+            sql_runs.renew_runs, owner=owner, run_ids=run_ids, lease_seconds=lease_seconds
+        )
+        return await self._write(renew)
+
+    async def finish_run(
+        self, run: Run, status: SessionStatus, message: str | None, state: RunState
+    ) -> bool:
+        finish = partial(sql_runs.finish_run, run=run, status=status, message=message, state=state)
+        return await self._write(finish)
+
+    async def release_run(self, run: Run, status_message: str | None) -> ReleaseOutcome:
+        release = partial(sql_runs.release_run, run=run, status_message=status_message)
+        return await self._write(release)
+
+    async def request_cancel(self, session_id: str) -> CancelOutcome:
+        return await self._write(partial(sql_runs.request_cancel, session_id=session_id))
+
+    async def note_sandbox(self, session_id: str, replica: str, sandbox_id: str) -> None:
+        def do(conn: Conn) -> None:
+            conn.execute(
+                sa.update(sessions)
+                .where(sessions.c.id == session_id)
+                .values(replica=replica, sandbox_id=sandbox_id)
+            )
+
+        await self._write(do)
+
+    async def session_sandbox(self, session_id: str) -> tuple[str | None, str | None]:
+        query = sa.select(sessions.c.replica, sessions.c.sandbox_id).where(
+            sessions.c.id == session_id
+        )
+        row = await self._read(_one(query))
+        return (None, None) if row is None else (row.replica, row.sandbox_id)
+
+    async def get_run(self, run_id: str) -> Run | None:
+        row = await self._read(_one(sa.select(runs).where(runs.c.id == run_id)))
+        return None if row is None else run_of(row)
+
+    async def active_run(self, session_id: str) -> Run | None:
+        query = sa.select(runs).where(
+            runs.c.session_id == session_id, runs.c.state.in_(ACTIVE_RUN_STATES)
+        )
+        row = await self._read(_one(query))
+        return None if row is None else run_of(row)
+
+    async def expire_leases(self) -> int:
+        return await self._write(sql_runs.expire_leases)
+
+    async def set_progress(self, run: Run, message: str) -> None:
+        await self._write(partial(sql_runs.set_progress, run=run, message=message))
+
     # --- messages ----------------------------------------------------------------------------
     async def add_message(
-        self, session_id: str, role: Role, content: str, internal: bool = False
+        self,
+        session_id: str,
+        role: Role,
+        content: str,
+        internal: bool = False,
+        fence: Run | None = None,
     ) -> Message:
         def run(conn: Conn) -> Message:
             # The session row lock (PostgreSQL) or the write lock (SQLite) is held until
             # commit, so timestamps are assigned and become visible in the same order: a
             # reader polling with the last timestamp it saw cannot miss a message.
-            last = _lock_session(conn, session_id)
-            stamp = next_timestamp(last)
-            conn.execute(
-                sa.update(sessions).where(sessions.c.id == session_id).values(last_message_at=stamp)
-            )
-            conn.execute(
-                sa.insert(messages).values(
-                    session_id=session_id,
-                    timestamp=stamp,
-                    role=role,
-                    content=content,
-                    internal=internal,
-                )
-            )
-            return Message(session_id, stamp, role, content, internal)
+            last = lock_session(conn, session_id)
+            if fence is not None:
+                # A shared lock on the run: a takeover waits for (or skips) this commit.
+                held = conn.execute(
+                    sa.select(runs.c.id)
+                    .where(
+                        runs.c.id == fence.id,
+                        runs.c.owner == fence.owner,
+                        runs.c.state == "running",
+                    )
+                    .with_for_update(read=True)
+                ).first()
+                if held is None:
+                    raise LeaseLost(f"run {fence.id} is no longer held by {fence.owner}")
+            return insert_message(conn, session_id, last, role, content, internal)
 
         return await self._write(run)
 
@@ -299,7 +421,7 @@ class SqlStore:
         values = {"size": size, "origin": origin, "updated_at": record.updated_at}
 
         def run(conn: Conn) -> FileRecord:
-            _lock_session(conn, session_id)  # serializes writers of this session's records
+            lock_session(conn, session_id)  # serializes writers of this session's records
             where = (files.c.session_id == session_id, files.c.filename == filename)
             if not conn.execute(sa.update(files).where(*where).values(**values)).rowcount:
                 conn.execute(
@@ -335,6 +457,43 @@ class SqlStore:
         )
         return await self._read(_scalar_int(query))
 
+    # --- upload forms awaiting their object (S3) ---------------------------------------------
+    async def note_upload(self, session_id: str, filename: str, expires_at: float) -> None:
+        def run(conn: Conn) -> None:
+            where = (
+                pending_uploads.c.session_id == session_id,
+                pending_uploads.c.filename == filename,
+            )
+            updated = conn.execute(
+                sa.update(pending_uploads).where(*where).values(expires_at=expires_at)
+            ).rowcount
+            if not updated:
+                conn.execute(
+                    sa.insert(pending_uploads).values(
+                        session_id=session_id, filename=filename, expires_at=expires_at
+                    )
+                )
+
+        try:
+            await self._write(run)
+        except _Integrity:
+            raise SessionNotFound(f"no session {session_id}") from None
+
+    async def pending_uploads(self, session_id: str) -> dict[str, float]:
+        query = sa.select(pending_uploads).where(pending_uploads.c.session_id == session_id)
+        return {r.filename: r.expires_at for r in await self._read(_all(query))}
+
+    async def drop_upload(self, session_id: str, filename: str) -> None:
+        def run(conn: Conn) -> None:
+            conn.execute(
+                sa.delete(pending_uploads).where(
+                    pending_uploads.c.session_id == session_id,
+                    pending_uploads.c.filename == filename,
+                )
+            )
+
+        await self._write(run)
+
 
 class _Integrity(SandbankError):
     """A constraint refused a write; the calling method says which error that means."""
@@ -349,17 +508,6 @@ def _transact(engine: sa.Engine, fn: Callable[[Conn], T]) -> T:
     except sa_exc.SQLAlchemyError as exc:
         # Translated at the edge; the cause stays chained for the log, never sent to clients.
         raise SandbankError(f"database error: {exc.__class__.__name__}") from exc
-
-
-def _lock_session(conn: Conn, session_id: str) -> float | None:
-    row = conn.execute(
-        sa.select(sessions.c.last_message_at)
-        .where(sessions.c.id == session_id)
-        .with_for_update()  # ignored by SQLite, whose writer already holds the database lock
-    ).first()
-    if row is None:
-        raise SessionNotFound(f"no session {session_id}")
-    return cast(float | None, row.last_message_at)
 
 
 def _one(query: sa.Select[Any]) -> Callable[[Conn], sa.Row[Any] | None]:

@@ -1,0 +1,272 @@
+"""Runs of two replicas in one process, on one store: takeover, fencing, cancel, hand-back.
+
+The store is the in-memory one (the SQL stores pass the same contract in tests/store), the
+sandboxes a fake and the model scripted: these tests check the replicas' logic, fast; the
+HTTP tests in test_replicas.py check it again with real processes and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import BinaryIO
+
+import anyio
+import pytest
+from sandbank.leasing import FileEntry
+
+from sandbank.agent.model import ChatMessage, ModelReply, ToolSpec, UserMessage
+from sandbank.agent.scripted import ScriptedModel, answer
+from sandbank.config import Settings
+from sandbank.files.memory import MemoryObjectStore
+from sandbank.interpreter.files import SessionFiles
+from sandbank.interpreter.runs import HANDED_BACK, RESUME_NOTE, WORKER_LOST, Runs
+from sandbank.sandbox.base import ExecResult, ToolCall
+from sandbank.store.memory import MemoryStore
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class FakeSandboxes:
+    """Sandboxes that exist and run nothing: the runs' bookkeeping is under test here."""
+
+    def __init__(self) -> None:
+        self.live: set[str] = set()
+        self.made = 0
+
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+
+    async def create(self, owner: str) -> str:
+        self.made += 1
+        self.live.add(f"sb{self.made}")
+        return f"sb{self.made}"
+
+    async def exists(self, sandbox_id: str, owner: str) -> bool:
+        return sandbox_id in self.live
+
+    async def execute(
+        self, sandbox_id: str, owner: str, call: ToolCall, timeout_s: float
+    ) -> ExecResult:
+        return ExecResult(stdout="ok")
+
+    async def destroy(self, sandbox_id: str, owner: str) -> None:
+        self.live.discard(sandbox_id)
+
+    async def list_files(self, sandbox_id: str, owner: str) -> list[FileEntry]:
+        return []
+
+    async def read_file(
+        self, sandbox_id: str, owner: str, path: str, dest: BinaryIO, max_bytes: int
+    ) -> int:
+        return 0
+
+    async def put_file(
+        self, sandbox_id: str, owner: str, path: str, source: Path, read_only: bool
+    ) -> None: ...
+
+
+def hanging() -> ScriptedModel:
+    async def reply(messages: list[ChatMessage], tools: list[ToolSpec]) -> ModelReply:
+        await anyio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    return ScriptedModel(reply)
+
+
+def answering(text: str) -> ScriptedModel:
+    return ScriptedModel(lambda messages, tools: answer(text))
+
+
+class Fleet:
+    def __init__(self, tmp_path: Path) -> None:
+        self.settings = Settings(
+            data_dir=tmp_path,
+            run_poll_seconds=0.05,
+            run_lease_seconds=5,
+            shutdown_grace_seconds=0,
+        )  # type: ignore[call-arg]
+        self.store = MemoryStore()
+        self.files = SessionFiles(self.store, MemoryObjectStore(), self.settings)
+        self.replicas: list[Runs] = []
+
+    def replica(self, model: ScriptedModel, name: str) -> Runs:
+        runs = Runs(self.store, self.files, FakeSandboxes(), model, self.settings, name)
+        self.replicas.append(runs)
+        return runs
+
+    async def question(self, runs: Runs, content: str = "why?") -> str:
+        user = await self.store.get_user("alice") or await self.store.create_user("alice")
+        session = await self.store.create_session(user.id, 3600)
+        await runs.begin(session, content)
+        return session.id
+
+    async def wait_until_ended(self, sid: str) -> tuple[str, str | None]:
+        with anyio.fail_after(5):
+            while True:
+                session = await self.store.get_session(sid)
+                assert session is not None
+                if session.status != "PENDING":
+                    return session.status, session.status_message
+                await anyio.sleep(0.01)
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
+    made = Fleet(tmp_path)
+    yield made
+    tasks = [a.task for runs in made.replicas for a in runs.active.values()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=5)
+
+
+async def test_a_run_taken_over_is_resumed_and_its_old_replica_writes_nothing(
+    fleet: Fleet,
+) -> None:
+    stalled = fleet.replica(hanging(), "r1")
+    resumer_model = answering("resumed")
+    resumer = fleet.replica(resumer_model, "r2")
+    sid = await fleet.question(stalled)
+    await anyio.sleep(0.05)  # r1 is waiting for its model
+    run, stalled_task = stalled.active[sid].run, stalled.active[sid].task
+    await fleet.store.renew_runs("r1", [run.id], -1)  # r1 stalls past its lease
+
+    await resumer.tick()  # r2 claims the run (attempt 2) and resumes it
+    assert await fleet.wait_until_ended(sid) == ("DONE", None)
+    messages, _ = resumer_model.calls[0]
+    assert messages[-1] == UserMessage(RESUME_NOTE)
+    assert UserMessage("why?") in messages  # the question, as history
+
+    await stalled.tick()  # r1 learns it lost the run, and stops it
+    await asyncio.wait({stalled_task}, timeout=5)
+    assert stalled_task.done() and not stalled.active
+    contents = [m.content for m in await fleet.store.list_messages(sid)]
+    assert contents[0] == "why?" and contents[-1] == "resumed"
+    assert await fleet.store.active_run(sid) is None
+
+
+async def test_a_cancel_posted_to_another_replica_reaches_the_one_running(
+    fleet: Fleet,
+) -> None:
+    running = fleet.replica(hanging(), "r1")
+    other = fleet.replica(answering("unused"), "r2")
+    sid = await fleet.question(running)
+    run_id = running.active[sid].run.id
+    ticking = asyncio.create_task(running.serve_forever())
+    try:
+        with anyio.fail_after(5):
+            await other.cancel(sid)
+        session = await fleet.store.get_session(sid)
+        assert session is not None and (session.status, session.status_message) == (
+            "ERROR",
+            "cancelled",
+        )
+    finally:
+        ticking.cancel()
+    ended = await fleet.store.get_run(run_id)
+    assert ended is not None and ended.state == "cancelled"
+
+
+async def test_shutdown_hands_a_run_back_and_another_replica_finishes_it(
+    fleet: Fleet,
+) -> None:
+    leaving = fleet.replica(hanging(), "r1")
+    staying = fleet.replica(answering("finished elsewhere"), "r2")
+    sid = await fleet.question(leaving)
+    await anyio.sleep(0.05)
+    await leaving.shutdown(grace_s=0.05)
+    session = await fleet.store.get_session(sid)
+    assert session is not None and (session.status, session.status_message) == (
+        "PENDING",
+        HANDED_BACK,
+    )
+    run = await fleet.store.active_run(sid)
+    assert run is not None and (run.state, run.owner) == ("queued", None)
+
+    await leaving.tick()  # a stopping replica claims nothing
+    assert not leaving.active
+    await staying.tick()
+    assert await fleet.wait_until_ended(sid) == ("DONE", None)
+
+
+async def test_a_post_to_a_full_replica_is_queued_for_one_with_room(fleet: Fleet) -> None:
+    fleet.settings.runs_per_replica = 1
+    full = fleet.replica(hanging(), "r1")
+    free = fleet.replica(answering("from r2"), "r2")
+    await fleet.question(full)
+    sid = await fleet.question(full)  # r1 has no room: queued
+    assert sid not in full.active
+    await free.tick()
+    assert await fleet.wait_until_ended(sid) == ("DONE", None)
+
+
+async def test_a_run_lost_too_often_ends_as_an_error(fleet: Fleet) -> None:
+    sid = await fleet.question(fleet.replica(hanging(), "r0"))
+    for index in range(1, 4):
+        await fleet.store.expire_leases()
+        claimed = await fleet.store.claim_runs(f"dead{index}", 1, 5)
+        assert [r.session_id for r in claimed] == [sid]
+    await fleet.store.expire_leases()
+    await fleet.replica(answering("never"), "r9").tick()
+    assert await fleet.wait_until_ended(sid) == ("ERROR", WORKER_LOST)
+
+
+async def test_a_question_posted_elsewhere_runs_where_the_sessions_sandbox_is(
+    fleet: Fleet,
+) -> None:
+    home, elsewhere = (
+        fleet.replica(answering("at home"), "r1"),
+        fleet.replica(answering("away"), "r2"),
+    )
+    sid = await fleet.question(home)
+    assert await fleet.wait_until_ended(sid) == ("DONE", None)
+    session = await fleet.store.get_session(sid)
+    assert session is not None
+
+    await elsewhere.begin(session, "again")  # queued for r1, which holds the sandbox
+    await elsewhere.tick()
+    assert not elsewhere.active
+    await home.tick()
+    assert await fleet.wait_until_ended(sid) == ("DONE", None)
+    assert home.sandboxes.made == 1 and elsewhere.sandboxes.made == 0  # type: ignore[attr-defined]
+
+    # r1 stops ticking (dead): after the wait, r2 takes the session's next question.
+    session = await fleet.store.get_session(sid)
+    assert session is not None
+    await elsewhere.begin(session, "and again")
+    await anyio.sleep(3 * fleet.settings.run_poll_seconds + 0.05)
+    await elsewhere.tick()
+    assert await fleet.wait_until_ended(sid) == ("DONE", None)
+    assert (await fleet.store.list_messages(sid))[-1].content == "away"
+
+
+async def test_an_answer_already_stored_is_never_given_twice(fleet: Fleet) -> None:
+    """Stopped (or killed) between storing its answer and recording its end, a run ends DONE."""
+    stopping = fleet.replica(hanging(), "r1")
+    sid = await fleet.question(stopping)
+    await anyio.sleep(0.05)
+    run = stopping.active[sid].run
+    await fleet.store.add_message(sid, "assistant", "the answer", False, fence=run)
+    await stopping.shutdown(grace_s=0)  # not handed back: it has answered
+    assert await fleet.wait_until_ended(sid) == ("DONE", None)
+
+    model = answering("a second answer")
+    dead = fleet.replica(hanging(), "r2")
+    other = await fleet.question(dead)
+    await anyio.sleep(0.05)
+    dead_run = dead.active[other].run
+    await fleet.store.add_message(other, "assistant", "first", False, fence=dead_run)
+    await fleet.store.expire_leases()  # r2 died before recording the end
+    await fleet.replica(model, "r3").tick()
+    assert await fleet.wait_until_ended(other) == ("DONE", None)
+    assert model.calls == []
+    answers = [m.content for m in await fleet.store.list_messages(other) if m.role == "assistant"]
+    assert answers == ["first"]
