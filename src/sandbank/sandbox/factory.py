@@ -14,8 +14,9 @@ from pathlib import Path
 
 from ..config import MiB, Settings
 from ..errors import IsolationUnavailable
-from . import bwrap, cgroups, disk
+from . import bwrap, cgroups, disk, forked
 from .managed import Limits, ManagedSandbox
+from .template import Template
 from .uids import UidAllocator
 from .unisolated import UnisolatedSandbox
 
@@ -59,7 +60,11 @@ def reap_orphans(known: set[int]) -> None:
         except OSError:
             continue
         fields = rest.split()
-        if head.endswith(b"(bwrap") and fields[0] == b"Z" and int(fields[1]) == me:
+        if (
+            head.endswith((b"(bwrap", b"(sb-keeper", b"(sb-init"))
+            and fields[0] == b"Z"
+            and int(fields[1]) == me
+        ):
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(int(name), os.WNOHANG)
 
@@ -67,13 +72,14 @@ def reap_orphans(known: set[int]) -> None:
 class SandboxFactory:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.isolated = settings.isolation == "bwrap"
+        self.isolated = settings.isolation in ("bwrap", "fork")
         self.base_dir = (settings.data_dir / "sandboxes").resolve()
         self.instance = instance_id(settings.data_dir)
         self.limits = limits_from(settings)
         self.runtime_dir = settings.runtime_dir.resolve()
         self.uids: UidAllocator | None = None
         self.seccomp = b""
+        self.template: Template | None = None
 
     def check(self) -> None:
         """Fail with a clear message when the chosen isolation cannot work on this machine."""
@@ -101,6 +107,17 @@ class SandboxFactory:
         self.seccomp = bwrap.default_seccomp()
         s = self.settings
         self.uids = UidAllocator(s.uid_lock_dir, s.uid_base, s.uid_count)
+        if s.isolation == "fork":
+            self.template = forked.new_template(s, self.runtime_dir, self.limits, self.seccomp)
+
+    async def start(self) -> None:
+        """Start what the backend runs beside its sandboxes (the fork template)."""
+        if self.template is not None:
+            await self.template.start()
+
+    async def stop(self) -> None:
+        if self.template is not None:
+            await self.template.stop()
 
     def prepare_dirs(self) -> None:
         data = self.settings.data_dir
@@ -122,6 +139,12 @@ class SandboxFactory:
                 preimport=preimport,
             )
         assert self.uids is not None, "check() first"
+        if self.template is not None:
+            return forked.ForkedSandbox(
+                sid, instance=self.instance, base_dir=self.base_dir,
+                runtime_dir=self.runtime_dir, uids=self.uids, limits=self.limits,
+                template=self.template,
+            )  # fmt: skip
         return bwrap.BwrapSandbox(
             sid,
             instance=self.instance,

@@ -62,6 +62,7 @@ class Runtime:
         if self.factory.isolated:
             become_subreaper()
         await self.factory.cleanup_stale()
+        await self.factory.start()
         self.pool.start()
         self._reaper = asyncio.create_task(self._reap_forever())
         self._accepting = True
@@ -78,6 +79,7 @@ class Runtime:
         await self.pool.close()
         await self.drain()
         self._reap_orphans()
+        await self.factory.stop()
         self.factory.release_instance()
 
     async def drain(self) -> None:

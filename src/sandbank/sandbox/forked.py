@@ -1,0 +1,268 @@
+"""The fork backend: each sandbox is a fork of a warm template that isolates itself.
+
+Host resources (uid, cgroups, workspace disk) are bwrap's; only the start differs: the
+template (`template.Template`) forks a child that joins the session's cgroups, unshares its
+namespaces, builds its root, drops to the sandbox uid under the same seccomp filter and runs
+the worker on the pipes the server passed. See `inside/template.py` for the child's side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import struct
+from pathlib import Path
+from typing import Any
+
+from ..config import Settings
+from ..errors import SandboxError
+from .bwrap import ETC_BINDS, INSIDE_DIR, INSIDE_MOUNT, MAX_FRAME, RUNTIME_MOUNT, BwrapSandbox
+from .channel import _HEADER, WorkerGone, WorkerProcess
+from .managed import Limits
+from .template import Template, TemplateConfig
+from .uids import UidAllocator
+
+INTERRUPT_FD = 3  # where the template's keeper puts the interrupt pipe (inside/template.py)
+
+
+def sandbox_env(limits: Limits, preimport: bool) -> dict[str, str]:
+    """The environment every sandboxed worker starts with (the template's too)."""
+    threads = str(max(1, int(limits.cpus)))
+    return {
+        "PATH": f"{RUNTIME_MOUNT}/bin:/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/workspace",
+        "USER": "sandbox",
+        "LANG": "C.UTF-8",
+        "TMPDIR": "/tmp",  # noqa: S108 - the sandbox's own private /tmp
+        "SANDBANK_WORKSPACE": "/workspace",
+        "SANDBANK_PREIMPORT": "1" if preimport else "0",
+        "MPLBACKEND": "module://sandbank_mplbackend",
+        "MPLCONFIGDIR": "/tmp/.matplotlib",  # noqa: S108
+        "XDG_CACHE_HOME": "/tmp/.cache",  # noqa: S108
+        "PYTHONPATH": f"{INSIDE_MOUNT}/mpl",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OPENBLAS_NUM_THREADS": threads,
+        "OMP_NUM_THREADS": threads,
+    }
+
+
+def new_template(settings: Settings, runtime_dir: Path, limits: Limits, seccomp: bytes) -> Template:
+    env = sandbox_env(limits, preimport=False)
+    work_dir = (settings.data_dir / "fork-template").resolve()
+    # The template runs on the host's file system: its caches go to a private directory.
+    env.update(MPLCONFIGDIR=str(work_dir / "mpl"), XDG_CACHE_HOME=str(work_dir / "cache"))
+    modules = [m.strip() for m in settings.fork_preimport_modules.split(",") if m.strip()]
+    return Template(
+        TemplateConfig(
+            runtime_dir=runtime_dir,
+            runtime_mount=RUNTIME_MOUNT,
+            inside_dir=INSIDE_DIR,
+            inside_mount=INSIDE_MOUNT,
+            work_dir=work_dir,
+            env=env,
+            seccomp=seccomp,
+            modules=modules,
+            max_forks=settings.fork_template_max_forks,
+        )
+    )
+
+
+class ForkedWorker(WorkerProcess):
+    """A worker reached through pipes the server made, not an asyncio subprocess of ours."""
+
+    def __init__(
+        self,
+        pidfd: int,
+        pid: int,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        stderr: asyncio.StreamReader,
+        status: asyncio.StreamReader,
+        interrupts: int,
+    ) -> None:
+        # No asyncio subprocess here: the parent's __init__ would want one.
+        self.max_frame = MAX_FRAME
+        self._interrupts = interrupts
+        self._pidfd = pidfd
+        self._pid = pid
+        self._reader = reader
+        self._writer = writer
+        self._stderr = stderr
+        self._stderr_tail = b""
+        self._stderr_task = asyncio.create_task(self._drain_stderr())
+        self._exit = asyncio.create_task(self._read_status(status))
+
+    @classmethod
+    async def attach(cls, pidfd: int, pid: int, fds: dict[str, int]) -> ForkedWorker:
+        loop = asyncio.get_running_loop()
+
+        async def read_end(fd: int) -> asyncio.StreamReader:
+            reader = asyncio.StreamReader(limit=1 << 16)
+            proto = asyncio.StreamReaderProtocol(reader)
+            await loop.connect_read_pipe(lambda: proto, os.fdopen(fd, "rb", buffering=0))
+            return reader
+
+        transport, proto = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin,
+            os.fdopen(fds["in"], "wb", buffering=0),
+        )
+        writer = asyncio.StreamWriter(transport, proto, None, loop)
+        return cls(
+            pidfd,
+            pid,
+            await read_end(fds["out"]),
+            writer,
+            await read_end(fds["err"]),
+            await read_end(fds["status"]),
+            fds["interrupt"],
+        )
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    async def _drain_stderr(self) -> None:
+        with contextlib.suppress(Exception):
+            while chunk := await self._stderr.read(4096):
+                self._stderr_tail = (self._stderr_tail + chunk)[-4096:]
+
+    async def _read_status(self, status: asyncio.StreamReader) -> int:
+        try:
+            (code,) = struct.unpack(">i", await status.readexactly(4))
+        except (asyncio.IncompleteReadError, ConnectionResetError):
+            return -signal.SIGKILL  # the keeper itself was killed: so was everything inside
+        return int(code)
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        import json
+
+        data = json.dumps(msg).encode()
+        try:
+            self._writer.write(_HEADER.pack(len(data)) + data)
+            await self._writer.drain()
+        except (BrokenPipeError, ConnectionResetError, RuntimeError) as e:
+            raise WorkerGone from e
+
+    async def recv(self) -> dict[str, Any]:
+        import json
+
+        try:
+            head = await self._reader.readexactly(_HEADER.size)
+            (size,) = _HEADER.unpack(head)
+            if size > self.max_frame:
+                raise SandboxError(f"the sandbox sent an oversized reply ({size} bytes)")
+            body = await self._reader.readexactly(size)
+        except (asyncio.IncompleteReadError, ConnectionResetError) as e:
+            raise WorkerGone from e
+        try:
+            msg = json.loads(body)
+        except ValueError as e:
+            raise SandboxError("the sandbox sent a malformed reply") from e
+        if not isinstance(msg, dict):
+            raise SandboxError("the sandbox sent a malformed reply")
+        return msg
+
+    async def wait(self, timeout: float = 5.0) -> int | None:
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._exit), timeout)
+        except TimeoutError:
+            return None
+
+    def kill(self) -> None:
+        # The keeper's death takes the init (parent-death signal) and so the whole namespace.
+        if self._pidfd >= 0:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    async def close(self) -> None:
+        self.kill()
+        await self.wait()
+        for task in (self._stderr_task, self._exit):
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        self._writer.close()
+        if self._interrupts >= 0:
+            os.close(self._interrupts)
+            self._interrupts = -1
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
+
+
+class ForkedSandbox(BwrapSandbox):
+    """bwrap's host resources (uid, cgroups, disk); the process tree comes from the template."""
+
+    def __init__(
+        self,
+        sandbox_id: str,
+        *,
+        instance: str,
+        base_dir: Path,
+        runtime_dir: Path,
+        uids: UidAllocator,
+        limits: Limits,
+        template: Template,
+    ) -> None:
+        super().__init__(
+            sandbox_id,
+            instance=instance,
+            base_dir=base_dir,
+            runtime_dir=runtime_dir,
+            uids=uids,
+            limits=limits,
+            preimport=False,  # the template has imported the data stack already
+            seccomp_program=b"",
+        )
+        self.template = template
+
+    def _acquire_sync(self) -> None:
+        super()._acquire_sync()
+        (self.dir / "root").mkdir(mode=0o700)  # the new root's mount point
+
+    def _order(self) -> dict[str, Any]:
+        env = sandbox_env(self.limits, preimport=False)
+        env["SANDBANK_INTERRUPT_FD"] = str(INTERRUPT_FD)
+        etc = {
+            n: (self.dir / "etc" / n).read_text() for n in ("passwd", "group", "hostname", "hosts")
+        }
+        return {
+            "uid": self.uid,
+            "cgroup_procs": self.cgroup.procs_files(),
+            "root": str(self.dir / "root"),
+            "workspace": str(self.workspace),
+            "runtime": str(self.runtime_dir),
+            "runtime_mount": RUNTIME_MOUNT,
+            "inside": str(INSIDE_DIR),
+            "inside_mount": INSIDE_MOUNT,
+            "etc_binds": list(ETC_BINDS),
+            "etc_files": etc,
+            "tmp_bytes": self.limits.tmp_bytes,
+            "open_files": self.limits.open_files,
+            "env": env,
+        }
+
+    async def _launch(self) -> WorkerProcess:
+        order = self._order()
+        ours: dict[str, int] = {}
+        theirs: list[int] = []
+        try:
+            # The child's ends, in the order the keeper expects: in, out, err, interrupt, status.
+            for name, child_reads in (
+                ("in", True), ("out", False), ("err", False), ("interrupt", True),
+                ("status", False),
+            ):  # fmt: skip
+                r, w = os.pipe()
+                ours[name], child = (w, r) if child_reads else (r, w)
+                theirs.append(child)
+            pid, pidfd = await self.template.fork(order, theirs)
+        except BaseException:
+            for fd in ours.values():
+                os.close(fd)
+            raise
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        return await ForkedWorker.attach(pidfd, pid, ours)
