@@ -1,15 +1,30 @@
-"""Fixtures: one real isolated runtime per test module, with test-sized limits."""
+"""Fixtures: one real isolated runtime per test module and backend, with test-sized limits.
+
+Every test here runs once per isolation backend named in `SANDBANK_TEST_BACKENDS`
+(comma-separated, default `bwrap`), e.g. `SANDBANK_TEST_BACKENDS=bwrap,fork`; runtimes a test
+builds itself with `tests.support.settings` get the same backend.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from sandbank.sandbox.base import BashCall, EditorCall, ExecResult, PythonCall
 from sandbank.sandbox.sessions import Runtime, Session
-from tests.support import data_dir, settings
+from tests.support import TEST_LIMITS, data_dir, settings
+
+BACKENDS = [b.strip() for b in os.environ.get("SANDBANK_TEST_BACKENDS", "bwrap").split(",")]
+
+
+@pytest.fixture(scope="module", params=[b for b in BACKENDS if b], autouse=True)
+def isolation(request: pytest.FixtureRequest) -> Iterator[str]:
+    with mock.patch.dict(TEST_LIMITS, isolation=request.param):
+        yield str(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +39,7 @@ def module_data() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-async def runtime(module_data: Path) -> AsyncIterator[Runtime]:
+async def runtime(module_data: Path, isolation: str) -> AsyncIterator[Runtime]:
     rt = Runtime(settings(module_data, cpu_limit=0.5))
     await rt.start()
     try:

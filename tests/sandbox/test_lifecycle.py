@@ -97,6 +97,8 @@ async def test_a_restart_cleans_what_a_crashed_run_of_the_same_data_dir_left_onl
         finally:
             await bystander.close()
             await orphan.close()
+            await crashed.stop()  # what a backend runs beside its sandboxes (a fork template)
+            await bystander_factory.stop()
 
 
 def test_uid_claims_are_exclusive_across_allocators(tmp_path: Path) -> None:
