@@ -1,0 +1,160 @@
+"""The fork backend's own promises: nothing shared between forks, and a supervised template."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import Iterator
+from unittest import mock
+
+import pytest
+
+from sandbank.sandbox.base import PythonCall
+from sandbank.sandbox.sessions import Runtime
+from sandbank.sandbox.template import Template
+from tests.sandbox.conftest import Shell
+from tests.support import TEST_LIMITS, data_dir, processes_of_uids, settings
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module", autouse=True)
+def isolation() -> Iterator[str]:
+    """Whatever SANDBANK_TEST_BACKENDS says: these tests are about `fork`."""
+    with mock.patch.dict(TEST_LIMITS, isolation="fork"):
+        yield "fork"
+
+
+def _template(runtime: Runtime) -> Template:
+    assert runtime.factory.template is not None
+    return runtime.factory.template
+
+
+RANDOMS = (
+    "import random, json, os, tempfile, multiprocessing, numpy as np\n"
+    "print(json.dumps([random.random(), random.getrandbits(64), float(np.random.rand()),\n"
+    "    int(np.random.randint(1 << 30)), float(np.random.default_rng().random()),\n"
+    "    os.path.basename(tempfile.mktemp()),\n"
+    "    multiprocessing.current_process().authkey.hex()]))"
+)
+
+
+async def test_two_sessions_never_draw_the_same_random_numbers(runtime: Runtime) -> None:
+    draws = []
+    for _ in range(3):
+        sh = Shell(runtime, await runtime.create("tests"))
+        try:
+            r = await sh.py(RANDOMS)
+            assert r.return_code == 0, r.stderr
+            draws.append(json.loads(r.stdout))
+        finally:
+            await runtime.destroy(sh.session.id, "tests")
+    for i, column in enumerate(zip(*draws, strict=True)):
+        assert len(set(column)) == len(column), (i, column)
+
+
+async def test_a_fork_holds_only_its_own_descriptors_signals_and_environment(sb: Shell) -> None:
+    r = await sb.py(
+        "import os, signal, json\n"
+        "fds = {}\n"
+        "for pid in [p for p in os.listdir('/proc') if p.isdigit()]:\n"
+        "    try:\n"
+        "        for fd in os.listdir(f'/proc/{pid}/fd'):\n"
+        "            fds[f'{pid}/{fd}'] = os.readlink(f'/proc/{pid}/fd/{fd}')\n"
+        "    except OSError: pass\n"
+        "def name(h):\n"
+        "    return {signal.SIG_DFL: 'DFL', signal.SIG_IGN: 'IGN'}.get(h) or h.__name__\n"
+        "sigs = {s.name: name(signal.getsignal(s)) for s in (signal.SIGCHLD, signal.SIGTERM,\n"
+        "    signal.SIGINT, signal.SIGPIPE)}\n"
+        "print(json.dumps([fds, sigs, sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),\n"
+        "    dict(os.environ), os.getcwd()]))"
+    )
+    assert r.return_code == 0, r.stderr
+    fds, sigs, mask, env, cwd = json.loads(r.stdout)
+    # No socket (the template's orders) and no namespace handle (the host's) anywhere inside.
+    assert fds and not [t for t in fds.values() if t.startswith(("socket:", "mnt:"))], fds
+    assert sigs == {
+        "SIGCHLD": "DFL", "SIGTERM": "DFL", "SIGPIPE": "IGN", "SIGINT": "default_int_handler"
+    }  # fmt: skip
+    assert mask == []
+    assert env["HOME"] == "/workspace" and env["MPLCONFIGDIR"] == "/tmp/.matplotlib"
+    assert not any("fork-template" in v for v in env.values()), env  # the template's own dirs
+    assert cwd == "/workspace"
+
+
+async def test_the_data_stack_is_already_imported_and_matplotlib_is_clean(sb: Shell) -> None:
+    r = await sb.py(
+        "import sys, matplotlib.pyplot as plt\n"
+        "print('pandas' in sys.modules, plt.get_fignums(), plt.get_backend())"
+    )
+    assert r.stdout == "True [] module://sandbank_mplbackend\n", r.stderr
+    r = await sb.py("plt.plot([1, 2]); None")
+    assert r.files == ["figure_1.png"], r
+
+
+async def test_a_dead_template_is_replaced_without_failing_leases_or_live_sessions(
+    runtime: Runtime,
+) -> None:
+    template = _template(runtime)
+    before = Shell(runtime, await runtime.create("tests"))
+    await before.py("kept = 42")
+    old_pid = template.pid
+    assert old_pid is not None
+    os.kill(old_pid, signal.SIGKILL)
+    after = Shell(runtime, await runtime.create("tests"))  # a lease never fails for it
+    try:
+        assert (await after.py("print('new')")).stdout == "new\n"
+        assert template.pid not in (None, old_pid)
+        assert (await before.py("print(kept)")).stdout == "42\n"  # forked from the dead one
+    finally:
+        uids = {before.session.sandbox.uid, after.session.sandbox.uid}
+        await runtime.destroy(before.session.id, "tests")
+        await runtime.destroy(after.session.id, "tests")
+        await runtime.drain()
+    runtime.reap()  # the dead template's orphans came back to the server
+    assert processes_of_uids(uids) == []
+
+
+async def test_an_aged_or_changed_template_is_retired_after_its_sandboxes_end() -> None:
+    with data_dir() as d:
+        rt = Runtime(settings(d, fork_template_max_forks=2))
+        await rt.start()
+        try:
+            template = _template(rt)
+            first = template.pid
+            sessions = [await rt.create("t") for _ in range(3)]  # the third ages it
+            for _ in range(200):
+                if template.pid != first:
+                    break
+                await asyncio.sleep(0.05)
+            assert template.pid not in (None, first) and template.generation == 2
+            assert template.memory()["templates"] == 2  # the old one waits for its forks
+            for s in sessions:
+                r = await rt.execute(s.id, "t", PythonCall("print(1)"), 10)
+                assert r.stdout == "1\n"
+                await rt.destroy(s.id, "t")
+            await rt.drain()
+            for _ in range(200):
+                if template.memory()["templates"] == 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert template.memory()["templates"] == 1
+            # A changed runtime image (or inside/ code) also brings a new template.
+            with mock.patch.object(Template, "_fingerprint", return_value=(("changed", 1),)):
+                await asyncio.sleep(1.1)
+                s = await rt.create("t")
+                await rt.destroy(s.id, "t")
+                for _ in range(200):
+                    if template.generation == 3:
+                        break
+                    await asyncio.sleep(0.05)
+            assert template.generation == 3
+        finally:
+            await rt.shutdown()
+
+
+async def test_the_templates_memory_is_reported_apart(runtime: Runtime) -> None:
+    mem = _template(runtime).memory()
+    assert mem["templates"] == 1 and mem["pss"] > 20 * 2**20  # the data stack, once
