@@ -273,6 +273,7 @@ def init(order: dict[str, Any], boot: dict[str, Any]) -> None:
 
 def run_worker(order: dict[str, Any], boot: dict[str, Any]) -> None:
     os.setsid()
+    prctl(PR_SET_NAME, _name(b"python3"))  # what bwrap's worker is called
     os.close(FD_STATUS)
     reset_inherited_state(order["env"])
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
