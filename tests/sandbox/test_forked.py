@@ -15,7 +15,7 @@ from sandbank.sandbox.base import PythonCall
 from sandbank.sandbox.sessions import Runtime
 from sandbank.sandbox.template import Template
 from tests.sandbox.conftest import Shell
-from tests.support import TEST_LIMITS, data_dir, processes_of_uids, settings
+from tests.support import REPO, TEST_LIMITS, data_dir, processes_of_uids, settings
 
 pytestmark = pytest.mark.anyio
 
@@ -158,3 +158,9 @@ async def test_an_aged_or_changed_template_is_retired_after_its_sandboxes_end() 
 async def test_the_templates_memory_is_reported_apart(runtime: Runtime) -> None:
     mem = _template(runtime).memory()
     assert mem["templates"] == 1 and mem["pss"] > 20 * 2**20  # the data stack, once
+
+
+async def test_no_host_path_reaches_the_environments_a_sandbox_can_read(sb: Shell) -> None:
+    data = str(sb.runtime.settings.data_dir.resolve())
+    r = await sb.sh("cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline | tr '\\0' '\\n'")
+    assert r.stdout and data not in r.stdout and str(REPO) not in r.stdout, r.stdout

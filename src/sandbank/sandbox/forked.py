@@ -21,7 +21,7 @@ from ..errors import SandboxError
 from .bwrap import ETC_BINDS, INSIDE_DIR, INSIDE_MOUNT, MAX_FRAME, RUNTIME_MOUNT, BwrapSandbox
 from .channel import _HEADER, WorkerGone, WorkerProcess
 from .managed import Limits
-from .template import Template, TemplateConfig
+from .template import CACHE, Template, TemplateConfig
 from .uids import UidAllocator
 
 INTERRUPT_FD = 3  # where the template's keeper puts the interrupt pipe (inside/template.py)
@@ -50,9 +50,9 @@ def sandbox_env(limits: Limits, preimport: bool) -> dict[str, str]:
 
 def new_template(settings: Settings, runtime_dir: Path, limits: Limits, seccomp: bytes) -> Template:
     env = sandbox_env(limits, preimport=False)
-    work_dir = (settings.data_dir / "fork-template").resolve()
-    # The template runs on the host's file system: its caches go to a private directory.
-    env.update(MPLCONFIGDIR=str(work_dir / "mpl"), XDG_CACHE_HOME=str(work_dir / "cache"))
+    # Its caches go to a tmpfs of its own mount namespace (template.CACHE): no host path
+    # reaches the environment its children find in /proc/<pid>/environ.
+    env.update(MPLCONFIGDIR=f"{CACHE}/mpl", XDG_CACHE_HOME=CACHE)
     modules = [m.strip() for m in settings.fork_preimport_modules.split(",") if m.strip()]
     return Template(
         TemplateConfig(
@@ -60,7 +60,6 @@ def new_template(settings: Settings, runtime_dir: Path, limits: Limits, seccomp:
             runtime_mount=RUNTIME_MOUNT,
             inside_dir=INSIDE_DIR,
             inside_mount=INSIDE_MOUNT,
-            work_dir=work_dir,
             env=env,
             seccomp=seccomp,
             modules=modules,

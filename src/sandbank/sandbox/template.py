@@ -32,10 +32,11 @@ HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Runs as root in a private mount namespace (`unshare --mount`): the runtime and the inside/
 # code go where the sandboxes see them, then the runtime's Python becomes the template.
-BOOT_SCRIPT = """
+CACHE = "/opt/sandbank/cache"  # the template's writable caches (matplotlib's font list)
+BOOT_SCRIPT = f"""
 set -e
-mount -t tmpfs -o size=64k,mode=755 sandbank /opt
-mkdir -p "$(dirname "$1")" "$(dirname "$3")"
+mount -t tmpfs -o size=8m,mode=755 sandbank /opt
+mkdir -p "$(dirname "$1")" "$(dirname "$3")" {CACHE}
 mkdir "$1" "$3"
 mount --bind -o ro "$2" "$1"
 mount --bind -o ro "$4" "$3"
@@ -53,7 +54,6 @@ class TemplateConfig:
     runtime_mount: str
     inside_dir: Path
     inside_mount: str
-    work_dir: Path  # the template's private writable directory (matplotlib's caches)
     env: dict[str, str]
     seccomp: bytes
     modules: list[str]
@@ -224,7 +224,6 @@ class Template:
 
     async def _boot(self) -> _Process:
         cfg = self.config
-        cfg.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         fingerprint = self._fingerprint()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         hostns = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
@@ -240,7 +239,7 @@ class Template:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
-                cwd=cfg.work_dir,
+                cwd="/",
                 start_new_session=True,
             )  # fmt: skip
         finally:
