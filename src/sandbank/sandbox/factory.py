@@ -60,11 +60,7 @@ def reap_orphans(known: set[int]) -> None:
         except OSError:
             continue
         fields = rest.split()
-        if (
-            head.endswith((b"(bwrap", b"(sb-keeper", b"(sb-init"))
-            and fields[0] == b"Z"
-            and int(fields[1]) == me
-        ):
+        if head.endswith((b"(bwrap", b"(sb-init")) and fields[0] == b"Z" and int(fields[1]) == me:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(int(name), os.WNOHANG)
 

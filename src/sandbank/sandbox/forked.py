@@ -24,7 +24,7 @@ from .managed import Limits
 from .template import CACHE, Template, TemplateConfig
 from .uids import UidAllocator
 
-INTERRUPT_FD = 3  # where the template's keeper puts the interrupt pipe (inside/template.py)
+INTERRUPT_FD = 3  # where the sandbox's init puts the interrupt pipe (inside/template.py)
 
 
 def sandbox_env(limits: Limits, preimport: bool) -> dict[str, str]:
@@ -131,7 +131,7 @@ class ForkedWorker(WorkerProcess):
         try:
             (code,) = struct.unpack(">i", await status.readexactly(4))
         except (asyncio.IncompleteReadError, ConnectionResetError):
-            return -signal.SIGKILL  # the keeper itself was killed: so was everything inside
+            return -signal.SIGKILL  # the init itself was killed: so was everything inside
         return int(code)
 
     async def send(self, msg: dict[str, Any]) -> None:
@@ -170,7 +170,7 @@ class ForkedWorker(WorkerProcess):
             return None
 
     def kill(self) -> None:
-        # The keeper's death takes the init (parent-death signal) and so the whole namespace.
+        # The init is PID 1 of the sandbox: its death takes every process of the namespace.
         if self._pidfd >= 0:
             with contextlib.suppress(ProcessLookupError, OSError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
@@ -248,7 +248,7 @@ class ForkedSandbox(BwrapSandbox):
         ours: dict[str, int] = {}
         theirs: list[int] = []
         try:
-            # The child's ends, in the order the keeper expects: in, out, err, interrupt, status.
+            # The child's ends, in the order its init expects: in, out, err, interrupt, status.
             for name, child_reads in (
                 ("in", True), ("out", False), ("err", False), ("interrupt", True),
                 ("status", False),

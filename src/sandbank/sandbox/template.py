@@ -75,7 +75,7 @@ class _Process:
         return self.proc.returncode is not None
 
     def order(self, msg: dict[str, Any], fds: list[int]) -> tuple[int, int]:
-        """Blocking: one order, its answer (pid, pidfd of the new sandbox's keeper)."""
+        """Blocking: one order, its answer (pid, pidfd of the new sandbox's init)."""
         try:
             socket.send_fds(self.sock, [json.dumps(msg).encode()], fds)
             data, got, _, _ = socket.recv_fds(self.sock, 1 << 16, 1)
@@ -129,7 +129,7 @@ class Template:
             task.cancel()
 
     async def fork(self, order: dict[str, Any], fds: list[int]) -> tuple[int, int]:
-        """Fork a sandbox from the template; (pid, pidfd) of its keeper. Retries a dead one."""
+        """Fork a sandbox from the template; (pid, pidfd) of its init. Retries a dead one."""
         for attempt in range(2):
             proc = await self._usable()
             try:

@@ -5,15 +5,13 @@ runtime and this directory sit at the paths sandboxes see them (so module paths 
 the children). It speaks on one SOCK_SEQPACKET socket: a boot message, then one order per
 sandbox carrying the sandbox's pipes as descriptors; it answers each with the child's host pid.
 
-Each order makes three processes (the layout bwrap has):
-- the *keeper*, forked here: closes every descriptor but its own, joins the session's cgroups
-  while it is small, enters the host's mount namespace (the template's own hides the
-  workspaces mounted after it started), unshares mount, PID, network, IPC, UTS and cgroup
-  namespaces, forks the init, drops to the sandbox uid and reports the init's exit status on a
-  status pipe;
-- the *init*, PID 1 of the new namespace: builds the root (tmpfs, read-only binds, /proc,
-  /dev, /tmp, the workspace), pivots into it, drops every privilege, installs the seccomp
-  filter, forks the worker and reaps every orphan until the worker exits;
+Each order makes two processes, where bwrap has three:
+- the *init*, forked here as PID 1 of a new PID namespace: closes every descriptor but its own,
+  joins the session's cgroups while it is small, enters the host's mount namespace (the
+  template's own hides the workspaces mounted after it started), unshares mount, network, IPC,
+  UTS and cgroup namespaces, builds the root (tmpfs, read-only binds, /proc, /dev, /tmp, the
+  workspace), pivots into it, drops every privilege, installs the seccomp filter, forks the
+  worker, reaps every orphan and reports the worker's exit status on a status pipe;
 - the *worker*: resets what it inherited from the template (random generators, signals,
   environment) and runs `worker.main()` on its pipes.
 
@@ -39,7 +37,7 @@ import sys
 import traceback
 from typing import Any
 
-# Fixed descriptor layout in the keeper: the pipes the server sent, in this order.
+# Fixed descriptor layout in the init: the pipes the server sent, in this order.
 FD_IN, FD_OUT, FD_ERR, FD_INTERRUPT, FD_STATUS, FD_HOSTNS = 0, 1, 2, 3, 4, 5
 N_ORDER_FDS = 5
 
@@ -215,8 +213,12 @@ def drop_privileges(order: dict[str, Any], boot: dict[str, Any], *, seccomp: boo
 # --- the three processes of a sandbox -------------------------------------------------------
 
 
-def keeper(order: dict[str, Any], boot: dict[str, Any], fds: list[int], hostns: int) -> None:
-    """Runs in the fresh fork of the template; never returns."""
+def init(order: dict[str, Any], boot: dict[str, Any], fds: list[int], hostns: int) -> None:
+    """PID 1 of a new PID namespace, freshly forked from the template; never returns.
+
+    Isolates itself (cgroups, namespaces, root, privileges, seccomp), runs the worker as its
+    child, reaps every orphan, and reports the worker's exit status on the status pipe.
+    """
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     # The order's pipes take 0..4 and the host namespace 5; everything else is closed.
@@ -227,48 +229,34 @@ def keeper(order: dict[str, Any], boot: dict[str, Any], fds: list[int], hostns: 
     os.umask(0o022)
     for procs in order["cgroup_procs"]:  # first, while this process is small
         with open(procs, "w") as f:
-            f.write(str(os.getpid()))
+            f.write("0")  # this process
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
-        f.write("-1000")  # the memory limit's victim is the worker, not these two shells
+        f.write("-1000")  # the memory limit's victim is the worker, not its init
+    # The template's own mount namespace hides workspaces mounted after it started.
     _check(_libc.setns(FD_HOSTNS, CLONE_NEWNS), "setns")
     os.close(FD_HOSTNS)
-    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
-    _check(_libc.unshare(flags | CLONE_NEWCGROUP), "unshare")
-    pid = os.fork()
-    if pid == 0:
-        _run(init, order, boot)
-    prctl(PR_SET_NAME, _name(b"sb-keeper"))
-    devnull = os.open("/dev/null", os.O_RDWR)
-    for fd in (FD_IN, FD_OUT, FD_INTERRUPT):
-        os.dup2(devnull, fd)
-    os.close(devnull)
-    drop_privileges(order, boot, seccomp=True)
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    os.write(FD_STATUS, struct.pack(">i", code))
-    os._exit(0)
-
-
-def init(order: dict[str, Any], boot: dict[str, Any]) -> None:
-    """PID 1 of the sandbox: builds its root, drops privileges, runs the worker, reaps."""
+    flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
+    _check(_libc.unshare(flags), "unshare")
     build_root(order)
     socket.sethostname("sandbox")
     loopback_up()
     drop_privileges(order, boot, seccomp=True)
-    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
     worker_pid = os.fork()
     if worker_pid == 0:
         _run(run_worker, order, boot)
     prctl(PR_SET_NAME, _name(b"sb-init"))
     devnull = os.open("/dev/null", os.O_RDWR)
-    for fd in (FD_IN, FD_OUT, FD_INTERRUPT, FD_STATUS):
+    for fd in (FD_IN, FD_OUT, FD_INTERRUPT):
         os.dup2(devnull, fd)
     os.close(devnull)
     while True:
         pid, status = os.wait()
         if pid == worker_pid:
             code = os.waitstatus_to_exitcode(status)
-            os._exit(128 - code if code < 0 else code)
+            code = 128 - code if code < 0 else code  # as bwrap reports a signal
+            with contextlib.suppress(OSError):
+                os.write(FD_STATUS, struct.pack(">i", code))
+            os._exit(code)
 
 
 def run_worker(order: dict[str, Any], boot: dict[str, Any]) -> None:
@@ -382,6 +370,7 @@ def reap() -> None:
 
 
 def serve(sock: socket.socket, boot: dict[str, Any], hostns: int) -> None:
+    pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -400,10 +389,15 @@ def serve(sock: socket.socket, boot: dict[str, Any], hostns: int) -> None:
             order = json.loads(msg)
             if len(fds) != N_ORDER_FDS:
                 raise ValueError(f"an order needs {N_ORDER_FDS} descriptors, got {len(fds)}")
-            pid = os.fork()
-            if pid == 0:
-                sock.close()
-                _run(keeper, order, boot, fds, hostns)
+            # The child is PID 1 of a new PID namespace; later children are not.
+            _check(_libc.unshare(CLONE_NEWPID), "unshare")
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    sock.close()
+                    _run(init, order, boot, fds, hostns)
+            finally:
+                _check(_libc.setns(pidns, CLONE_NEWPID), "setns back")
             # A pidfd, opened before this loop can reap the child: the server's handle can
             # never signal a recycled pid.
             pidfd = os.pidfd_open(pid)
@@ -432,7 +426,6 @@ def main() -> None:
     os.set_inheritable(hostns, False)
     boot: dict[str, Any] = json.loads(sock.recv(1 << 20))
     prctl(PR_SET_NAME, _name(b"sb-template"))
-    prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a dead keeper come back here to be reaped
     sys.argv = [""]
     failed = preload(list(boot.get("modules", [])))
     gc.collect()
