@@ -4,7 +4,8 @@
 
 Per backend: idle memory of a session that has imported pandas (the drop of MemAvailable per
 session over N idle sessions, and the PSS of each session's cgroup); a burst of concurrent
-creates each followed by a first numpy call (p50, p99); a lease from an empty pool; a warm
+creates each followed by a first numpy call (p50, p99), with the default pool of 2 and, for
+fork, with a pool as large as the burst; a lease from an empty pool; a warm
 `print(1)`; the first pandas call of a fresh lease. With fork, the template's own memory is
 printed apart. MemAvailable is machine-wide: on a shared machine other work moves it too.
 """
@@ -77,11 +78,13 @@ class Bench:
         self.args = args
         self.data = Path(tempfile.mkdtemp(prefix="sandbank-bench-"))
         self.data.chmod(0o711)
+        self.runs = 0
 
     def runtime(self, pool: int) -> Runtime:
+        self.runs += 1
         return Runtime(
             Settings(
-                data_dir=self.data / f"p{pool}",
+                data_dir=self.data / f"r{self.runs}",
                 isolation=self.backend,  # type: ignore[arg-type]
                 pool_size=pool,
                 max_sessions=max(self.args.sessions, self.args.burst) + 8,
@@ -93,6 +96,8 @@ class Bench:
         try:
             await self.idle_memory()
             await self.burst()
+            if self.backend == "fork":  # idle forks are cheap enough to pool a whole burst
+                await self.burst(pool=self.args.burst)
             await self.singles()
         finally:
             shutil.rmtree(self.data, ignore_errors=True)
@@ -127,11 +132,12 @@ class Bench:
         finally:
             await rt.shutdown()
 
-    async def burst(self) -> None:
-        rt = self.runtime(pool=2)
+    async def burst(self, pool: int = 2) -> None:
+        rt = self.runtime(pool=pool)
         await rt.start()
         try:
-            await rt.pool.wait_full(timeout=300)
+            await rt.pool.wait_full(timeout=600)
+            await asyncio.sleep(1.0)  # the pool's last start settles
 
             async def client() -> tuple[float, str]:
                 t0 = time.perf_counter()
@@ -140,7 +146,8 @@ class Bench:
                 return (time.perf_counter() - t0) * 1000, s.id
 
             results = await asyncio.gather(*(client() for _ in range(self.args.burst)))
-            line(self.backend, f"burst of {self.args.burst}: create+numpy", [r[0] for r in results])
+            name = f"burst of {self.args.burst}, pool {pool}: create+numpy"
+            line(self.backend, name, [r[0] for r in results])
             for _, sid in results:
                 await rt.destroy(sid, TENANT)
             await rt.drain()
