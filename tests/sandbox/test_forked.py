@@ -155,8 +155,13 @@ async def test_an_aged_or_changed_template_is_retired_after_its_sandboxes_end() 
             await rt.shutdown()
 
 
-async def test_the_templates_memory_is_reported_apart(runtime: Runtime) -> None:
-    mem = _template(runtime).memory()
+async def test_the_template_is_single_threaded_and_its_memory_is_reported_apart(
+    runtime: Runtime,
+) -> None:
+    template = _template(runtime)
+    assert template.pid is not None
+    assert len(os.listdir(f"/proc/{template.pid}/task")) == 1  # a fork copies all of it
+    mem = template.memory()
     assert mem["templates"] == 1 and mem["pss"] > 20 * 2**20  # the data stack, once
 
 

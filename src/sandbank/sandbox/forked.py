@@ -53,6 +53,9 @@ def new_template(settings: Settings, runtime_dir: Path, limits: Limits, seccomp:
     # Its caches go to a tmpfs of its own mount namespace (template.CACHE): no host path
     # reaches the environment its children find in /proc/<pid>/environ.
     env.update(MPLCONFIGDIR=f"{CACHE}/mpl", XDG_CACHE_HOME=CACHE)
+    # pyarrow's jemalloc would start a purging thread at import: the template stays
+    # single-threaded, so a fork copies the whole process (its children purge inline).
+    env["JE_ARROW_MALLOC_CONF"] = "background_thread:false"
     modules = [m.strip() for m in settings.fork_preimport_modules.split(",") if m.strip()]
     return Template(
         TemplateConfig(

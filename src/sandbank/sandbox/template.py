@@ -270,8 +270,7 @@ class Template:
         if hello.get("failed"):
             log.warning("the fork template could not import: %s", "; ".join(hello["failed"]))
         if hello.get("threads", 1) != 1:
-            # pyarrow's jemalloc keeps a background thread; its fork handlers make that safe.
-            log.info("the fork template runs %s threads; forks copy only one", hello["threads"])
+            log.warning("the fork template runs %s threads; forks copy only one", hello["threads"])
         task = asyncio.create_task(self._wait_exit(p))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
