@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -169,3 +171,28 @@ async def test_no_host_path_reaches_the_environments_a_sandbox_can_read(sb: Shel
     data = str(sb.runtime.settings.data_dir.resolve())
     r = await sb.sh("cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline | tr '\\0' '\\n'")
     assert r.stdout and data not in r.stdout and str(REPO) not in r.stdout, r.stdout
+
+
+def _loops_backed_by(prefix: str) -> list[str]:
+    found = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        with contextlib.suppress(OSError):
+            if backing.read_text().startswith(prefix):
+                found.append(backing.parent.parent.name)
+    return found
+
+
+async def test_workspace_disks_are_copies_of_one_formatted_image_and_detach_on_destroy(
+    runtime: Runtime,
+) -> None:
+    data = str(runtime.settings.data_dir.resolve())
+    assert runtime.factory.formatted_disk.exists()
+    sh = Shell(runtime, await runtime.create("tests"))
+    r = await sh.sh("stat -c '%u %a' /workspace; ls -A /workspace | wc -l; df -m /workspace")
+    uid = sh.session.sandbox.uid
+    owner, entries, df = r.stdout.split("\n", 2)
+    assert owner == f"{uid} 700" and entries == "0" and "/workspace" in df  # no lost+found
+    assert _loops_backed_by(data)
+    await runtime.destroy(sh.session.id, "tests")
+    await runtime.drain()
+    assert _loops_backed_by(data) == []

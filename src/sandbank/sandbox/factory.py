@@ -106,9 +106,15 @@ class SandboxFactory:
         if s.isolation == "fork":
             self.template = forked.new_template(s, self.runtime_dir, self.limits, self.seccomp)
 
+    @property
+    def formatted_disk(self) -> Path:
+        return self.settings.data_dir.resolve() / f"workspace-{self.limits.disk_bytes}.img"
+
     async def start(self) -> None:
         """Start what the backend runs beside its sandboxes (the fork template)."""
         if self.template is not None:
+            size = self.limits.disk_bytes
+            await asyncio.to_thread(disk.format_image, self.formatted_disk, size)
             await self.template.start()
 
     async def stop(self) -> None:
@@ -139,7 +145,7 @@ class SandboxFactory:
             return forked.ForkedSandbox(
                 sid, instance=self.instance, base_dir=self.base_dir,
                 runtime_dir=self.runtime_dir, uids=self.uids, limits=self.limits,
-                template=self.template,
+                template=self.template, formatted_disk=self.formatted_disk,
             )  # fmt: skip
         return bwrap.BwrapSandbox(
             sid,

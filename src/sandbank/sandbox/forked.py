@@ -18,6 +18,7 @@ from typing import Any
 
 from ..config import Settings
 from ..errors import SandboxError
+from . import disk
 from .bwrap import ETC_BINDS, INSIDE_DIR, INSIDE_MOUNT, MAX_FRAME, RUNTIME_MOUNT, BwrapSandbox
 from .channel import _HEADER, WorkerGone, WorkerProcess
 from .managed import Limits
@@ -207,6 +208,7 @@ class ForkedSandbox(BwrapSandbox):
         uids: UidAllocator,
         limits: Limits,
         template: Template,
+        formatted_disk: Path,
     ) -> None:
         super().__init__(
             sandbox_id,
@@ -219,17 +221,31 @@ class ForkedSandbox(BwrapSandbox):
             seccomp_program=b"",
         )
         self.template = template
+        self.formatted_disk = formatted_disk  # copied for each workspace (disk.create_from)
 
     def _acquire_sync(self) -> None:
-        super()._acquire_sync()
+        if not self.formatted_disk.exists():  # the factory was not started: the slow way
+            super()._acquire_sync()
+        else:
+            self.dir.mkdir(mode=0o711, parents=True)
+            lim = self.limits
+            self.cgroup.create(lim.memory_bytes, lim.pids, lim.cpus)
+            disk.create_from(self.formatted_disk, self.image, self.workspace, self.uid)
         (self.dir / "root").mkdir(mode=0o700)  # the new root's mount point
+
+    def _etc_files(self) -> dict[str, str]:
+        uid = self.uid
+        return {
+            "passwd": f"sandbox:x:{uid}:{uid}:sandbox:/workspace:/bin/bash\n"
+            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+            "group": f"sandbox:x:{uid}:\nnogroup:x:65534:\n",
+            "hostname": "sandbox\n",
+            "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
+        }
 
     def _order(self) -> dict[str, Any]:
         env = sandbox_env(self.limits, preimport=False)
         env["SANDBANK_INTERRUPT_FD"] = str(INTERRUPT_FD)
-        etc = {
-            n: (self.dir / "etc" / n).read_text() for n in ("passwd", "group", "hostname", "hosts")
-        }
         return {
             "uid": self.uid,
             "cgroup_procs": self.cgroup.procs_files(),
@@ -240,7 +256,7 @@ class ForkedSandbox(BwrapSandbox):
             "inside": str(INSIDE_DIR),
             "inside_mount": INSIDE_MOUNT,
             "etc_binds": list(ETC_BINDS),
-            "etc_files": etc,
+            "etc_files": self._etc_files(),  # written into the sandbox's own root
             "tmp_bytes": self.limits.tmp_bytes,
             "open_files": self.limits.open_files,
             "env": env,
