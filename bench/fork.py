@@ -51,6 +51,13 @@ def mem_available() -> int:
     raise RuntimeError("no MemAvailable")
 
 
+def cgroup_charge(session: Session) -> int:
+    """What the session's memory cgroup is charged: its own pages (not the template's)."""
+    sandbox = session.sandbox
+    assert isinstance(sandbox, BwrapSandbox)
+    return int((sandbox.cgroup.memory / "memory.usage_in_bytes").read_text())
+
+
 def cgroup_pss(session: Session) -> int:
     sandbox = session.sandbox
     assert isinstance(sandbox, BwrapSandbox)
@@ -116,9 +123,11 @@ class Bench:
             await asyncio.sleep(2.0)  # let page cache and frees settle
             drop = (before - mem_available()) / len(sessions) / 2**20
             pss = [cgroup_pss(s) / 2**20 for s in sessions]
+            charged = [cgroup_charge(s) / 2**20 for s in sessions]
             print(
                 f"{self.backend:<6} idle pandas session: MemAvailable drop {drop:.1f} MiB each "
-                f"over {len(sessions)}; PSS p50 {pct(pss, 0.5):.1f} MiB",
+                f"over {len(sessions)}; PSS p50 {pct(pss, 0.5):.1f} MiB; charged to its "
+                f"cgroup p50 {pct(charged, 0.5):.1f} MiB",
                 flush=True,
             )
             template = rt.factory.template
