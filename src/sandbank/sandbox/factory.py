@@ -120,6 +120,7 @@ class SandboxFactory:
     async def stop(self) -> None:
         if self.template is not None:
             await self.template.stop()
+            self.formatted_disk.unlink(missing_ok=True)
 
     def prepare_dirs(self) -> None:
         data = self.settings.data_dir
