@@ -13,6 +13,7 @@ from unittest import mock
 
 import pytest
 
+from sandbank.sandbox import template as template_module
 from sandbank.sandbox.base import PythonCall
 from sandbank.sandbox.sessions import Runtime
 from sandbank.sandbox.template import Template
@@ -196,3 +197,21 @@ async def test_workspace_disks_are_copies_of_one_formatted_image_and_detach_on_d
     await runtime.destroy(sh.session.id, "tests")
     await runtime.drain()
     assert _loops_backed_by(data) == []
+
+
+async def test_a_template_that_stops_answering_is_replaced_and_the_lease_still_succeeds() -> None:
+    with data_dir() as d, mock.patch.object(template_module, "ORDER_TIMEOUT", 1.0):
+        rt = Runtime(settings(d))
+        await rt.start()
+        template = _template(rt)
+        hung = template.pid
+        assert hung is not None
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            s = await asyncio.wait_for(rt.create("t"), 60)
+            assert template.pid not in (None, hung)
+            r = await rt.execute(s.id, "t", PythonCall("print('served')"), 10)
+            assert r.stdout == "served\n"
+        finally:
+            os.kill(hung, signal.SIGCONT)  # it sees its socket closed, and leaves
+            await rt.shutdown()

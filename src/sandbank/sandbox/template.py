@@ -267,6 +267,7 @@ class Template:
             if isinstance(e, (TimeoutError, TemplateGone, OSError)):
                 raise IsolationUnavailable(f"the fork template failed to start: {e!r}") from e
             raise
+        ours.settimeout(ORDER_TIMEOUT)  # a template that stops answering is replaced
         if hello.get("failed"):
             log.warning("the fork template could not import: %s", "; ".join(hello["failed"]))
         if hello.get("threads", 1) != 1:
