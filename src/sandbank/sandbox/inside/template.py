@@ -3,15 +3,17 @@
 Started by the server as root, single-threaded, in a mount namespace of its own where the
 runtime and this directory sit at the paths sandboxes see them (so module paths stay valid in
 the children). It speaks on one SOCK_SEQPACKET socket: a boot message, then one order per
-sandbox carrying the sandbox's pipes as descriptors; it answers each with the child's host pid.
+sandbox carrying the sandbox's pipes as descriptors; it answers each with the child's host pid
+and a pidfd for it.
 
 Each order makes two processes, where bwrap has three:
 - the *init*, forked here as PID 1 of a new PID namespace: closes every descriptor but its own,
-  joins the session's cgroups while it is small, enters the host's mount namespace (the
-  template's own hides the workspaces mounted after it started), unshares mount, network, IPC,
-  UTS and cgroup namespaces, builds the root (tmpfs, read-only binds, /proc, /dev, /tmp, the
-  workspace), pivots into it, drops every privilege, installs the seccomp filter, forks the
-  worker, reaps every orphan and reports the worker's exit status on a status pipe;
+  joins the session's cgroups before it copies a page (so copies are charged to the session),
+  enters the host's mount namespace (the template's own hides the workspaces mounted after it
+  started), unshares mount, network, IPC, UTS and cgroup namespaces, builds the root (tmpfs,
+  read-only binds, /proc, /dev, /tmp, the workspace), pivots into it, drops every privilege,
+  installs the seccomp filter, forks the worker, reaps every orphan and reports the worker's
+  exit status on a status pipe;
 - the *worker*: resets what it inherited from the template (random generators, signals,
   environment) and runs `worker.main()` on its pipes.
 
@@ -50,8 +52,7 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NAME = 1, 4, 15
-PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER = 22, 24, 36
+PR_SET_DUMPABLE, PR_SET_NAME, PR_SET_SECCOMP, PR_CAPBSET_DROP = 4, 15, 22, 24
 PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
 SECCOMP_MODE_FILTER = 2
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
@@ -227,7 +228,7 @@ def init(order: dict[str, Any], boot: dict[str, Any], fds: list[int], hostns: in
         os.dup2(fd, target)
     os.closerange(FD_HOSTNS + 1, os.sysconf("SC_OPEN_MAX"))
     os.umask(0o022)
-    for procs in order["cgroup_procs"]:  # first, while this process is small
+    for procs in order["cgroup_procs"]:  # first: every page copied from now on is the session's
         with open(procs, "w") as f:
             f.write("0")  # this process
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
@@ -244,7 +245,7 @@ def init(order: dict[str, Any], boot: dict[str, Any], fds: list[int], hostns: in
     worker_pid = os.fork()
     if worker_pid == 0:
         _run(run_worker, order, boot)
-    prctl(PR_SET_NAME, _name(b"sb-init"))
+    set_name(b"sb-init")
     devnull = os.open("/dev/null", os.O_RDWR)
     for fd in (FD_IN, FD_OUT, FD_INTERRUPT):
         os.dup2(devnull, fd)
@@ -261,7 +262,7 @@ def init(order: dict[str, Any], boot: dict[str, Any], fds: list[int], hostns: in
 
 def run_worker(order: dict[str, Any], boot: dict[str, Any]) -> None:
     os.setsid()
-    prctl(PR_SET_NAME, _name(b"python3"))  # what bwrap's worker is called
+    set_name(b"python3")  # what bwrap's worker is called
     os.close(FD_STATUS)
     reset_inherited_state(order["env"])
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
@@ -324,13 +325,10 @@ def _run(fn: Any, *args: Any) -> None:
     os._exit(1)
 
 
-def _name(name: bytes) -> int:
+def set_name(name: bytes) -> None:
+    """The process's name in `ps` (prctl copies it from the buffer)."""
     buf = ctypes.create_string_buffer(name)
-    _keep.append(buf)
-    return ctypes.addressof(buf)
-
-
-_keep: list[Any] = []
+    prctl(PR_SET_NAME, ctypes.addressof(buf))
 
 
 # --- the template's own loop ----------------------------------------------------------------
@@ -425,7 +423,7 @@ def main() -> None:
     hostns = int(sys.argv[2])
     os.set_inheritable(hostns, False)
     boot: dict[str, Any] = json.loads(sock.recv(1 << 20))
-    prctl(PR_SET_NAME, _name(b"sb-template"))
+    set_name(b"sb-template")
     sys.argv = [""]
     failed = preload(list(boot.get("modules", [])))
     gc.collect()
