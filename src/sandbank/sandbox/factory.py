@@ -85,7 +85,10 @@ class SandboxFactory:
                 "server's user with its file system and network. Development use only. !!!"
             )
             return
-        bwrap.check_available()
+        if self.settings.isolation == "fork":
+            forked.check_available()
+        else:
+            bwrap.check_available()
         python = self.runtime_dir / "bin" / "python3"
         if not python.exists():
             raise IsolationUnavailable(

@@ -10,22 +10,48 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shutil
 import signal
 import struct
 from pathlib import Path
 from typing import Any
 
 from ..config import Settings
-from ..errors import SandboxError
-from . import disk
-from .bwrap import ETC_BINDS, INSIDE_DIR, INSIDE_MOUNT, MAX_FRAME, RUNTIME_MOUNT, BwrapSandbox
+from ..errors import IsolationUnavailable, SandboxError
+from . import cgroups, disk
+from .bwrap import (
+    ETC_BINDS,
+    HOST_PATH,
+    INSIDE_DIR,
+    INSIDE_MOUNT,
+    MAX_FRAME,
+    RUNTIME_MOUNT,
+    BwrapSandbox,
+)
 from .channel import _HEADER, WorkerGone, WorkerProcess
 from .managed import Limits
 from .template import CACHE, Template, TemplateConfig
 from .uids import UidAllocator
 
 INTERRUPT_FD = 3  # where the sandbox's init puts the interrupt pipe (inside/template.py)
+
+
+def check_available() -> None:
+    """What the fork backend needs beyond Python: util-linux to boot the template, cgroups, root."""
+    for tool, package in (("unshare", "util-linux"), ("mount", "mount")):
+        if shutil.which(tool, path=HOST_PATH) is None:
+            raise IsolationUnavailable(
+                f"{tool} is not installed: `apt-get install {package}` (or run with "
+                "SANDBANK_ISOLATION=bwrap)"
+            )
+    cgroups.check_available()
+    if os.geteuid() != 0:
+        raise IsolationUnavailable(
+            "the isolated runtime must start as root (it creates cgroups, loop mounts and "
+            "drops each sandbox to its own uid)"
+        )
 
 
 def sandbox_env(limits: Limits, preimport: bool) -> dict[str, str]:
@@ -139,8 +165,6 @@ class ForkedWorker(WorkerProcess):
         return int(code)
 
     async def send(self, msg: dict[str, Any]) -> None:
-        import json
-
         data = json.dumps(msg).encode()
         try:
             self._writer.write(_HEADER.pack(len(data)) + data)
@@ -149,8 +173,6 @@ class ForkedWorker(WorkerProcess):
             raise WorkerGone from e
 
     async def recv(self) -> dict[str, Any]:
-        import json
-
         try:
             head = await self._reader.readexactly(_HEADER.size)
             (size,) = _HEADER.unpack(head)
