@@ -95,8 +95,10 @@ async def test_the_data_stack_is_already_imported_and_matplotlib_is_clean(sb: Sh
         "print('pandas' in sys.modules, plt.get_fignums(), plt.get_backend())"
     )
     assert r.stdout == "True [] module://sandbank_mplbackend\n", r.stderr
-    r = await sb.py("plt.plot([1, 2]); None")
-    assert r.files == ["figure_1.png"], r
+    r = await sb.py("plt.plot([1, 2]); plt.title('fonts'); None")
+    assert r.files == ["figure_1.png"] and r.stderr == "", r
+    r = await sb.py("from PIL import Image; print(Image.open('figure_1.png').size)")
+    assert r.stdout == "(640, 480)\n", r
 
 
 async def test_a_dead_template_is_replaced_without_failing_leases_or_live_sessions(
@@ -166,6 +168,14 @@ async def test_the_template_is_single_threaded_and_its_memory_is_reported_apart(
     template = _template(runtime)
     assert template.pid is not None
     assert len(os.listdir(f"/proc/{template.pid}/task")) == 1  # a fork copies all of it
+    # No object of the template holds a file: a child's renumbered descriptors would alias it.
+    held = [
+        os.readlink(f"/proc/{template.pid}/fd/{fd}")
+        for fd in os.listdir(f"/proc/{template.pid}/fd")
+    ]
+    assert all(
+        t == "/dev/null" or t.split(":")[0] in ("pipe", "socket", "mnt", "pid") for t in held
+    ), held
     mem = template.memory()
     assert mem["templates"] == 1 and mem["pss"] > 20 * 2**20  # the data stack, once
 

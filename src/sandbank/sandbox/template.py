@@ -269,7 +269,7 @@ class Template:
             raise
         ours.settimeout(ORDER_TIMEOUT)  # a template that stops answering is replaced
         if hello.get("failed"):
-            log.warning("the fork template could not import: %s", "; ".join(hello["failed"]))
+            log.warning("the fork template's preload: %s", "; ".join(hello["failed"]))
         if hello.get("threads", 1) != 1:
             log.warning("the fork template runs %s threads; forks copy only one", hello["threads"])
         task = asyncio.create_task(self._wait_exit(p))
