@@ -149,7 +149,7 @@ class SandboxFactory:
             return forked.ForkedSandbox(
                 sid, instance=self.instance, base_dir=self.base_dir,
                 runtime_dir=self.runtime_dir, uids=self.uids, limits=self.limits,
-                template=self.template, formatted_disk=self.formatted_disk,
+                preimport=preimport, template=self.template, formatted_disk=self.formatted_disk,
             )  # fmt: skip
         return bwrap.BwrapSandbox(
             sid,

@@ -229,9 +229,13 @@ class ForkedSandbox(BwrapSandbox):
         runtime_dir: Path,
         uids: UidAllocator,
         limits: Limits,
+        preimport: bool,
         template: Template,
         formatted_disk: Path,
     ) -> None:
+        # The template has imported the data stack. `preimport` (the warm pool's sandboxes)
+        # runs its first-use paths once more in the child, so the pages they write are copied
+        # before a lease rather than during the client's first pandas call.
         super().__init__(
             sandbox_id,
             instance=instance,
@@ -239,7 +243,7 @@ class ForkedSandbox(BwrapSandbox):
             runtime_dir=runtime_dir,
             uids=uids,
             limits=limits,
-            preimport=False,  # the template has imported the data stack already
+            preimport=preimport,
             seccomp_program=b"",
         )
         self.template = template
@@ -266,7 +270,7 @@ class ForkedSandbox(BwrapSandbox):
         }
 
     def _order(self) -> dict[str, Any]:
-        env = sandbox_env(self.limits, preimport=False)
+        env = sandbox_env(self.limits, preimport=self.preimport)
         env["SANDBANK_INTERRUPT_FD"] = str(INTERRUPT_FD)
         return {
             "uid": self.uid,

@@ -267,6 +267,15 @@ def run_worker(order: dict[str, Any], boot: dict[str, Any]) -> None:
     reset_inherited_state(order["env"])
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
         f.write("0")
+    if os.environ.get("SANDBANK_PREIMPORT") == "1":
+        # A pooled sandbox: walk pandas' first-use paths now, so the pages they write are
+        # copied before the lease, not during the client's first call. Charts are left out:
+        # rendering one copies ~10 MiB that most sessions never need.
+        os.environ["SANDBANK_PREIMPORT"] = "0"
+        with contextlib.suppress(Exception):
+            pd = importlib.import_module("pandas")
+            df = pd.DataFrame({"a": [1, 2], "b": ["x", "y"]})
+            repr(df), repr(df.sum()), repr(df.groupby("b").sum().describe())
     worker: Any = importlib.import_module("worker")
     worker.main()
     os._exit(0)
