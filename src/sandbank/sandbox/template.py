@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,7 +135,7 @@ class Template:
             proc = await self._usable()
             try:
                 async with proc.lock:
-                    result = await asyncio.to_thread(proc.order, order, fds)
+                    result = await _uncancellable(asyncio.to_thread(proc.order, order, fds))
                 proc.forks += 1
                 return result
             except TemplateGone:
@@ -315,6 +316,29 @@ class Template:
     @property
     def generation(self) -> int:
         return self._current.generation if self._current else 0
+
+
+async def _uncancellable(exchange: Coroutine[Any, Any, tuple[int, int]]) -> tuple[int, int]:
+    """Finish an order even if the caller is cancelled, then let the cancellation through.
+
+    The caller closes the descriptors it sent once we return: leaving while they are still
+    being sent could send whatever file reused their numbers. It also keeps the socket's
+    answers in step with its orders (the lock is held until the answer is read).
+    """
+    task = asyncio.ensure_future(exchange)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        os.close(result[1])  # nobody will use this sandbox: its pidfd goes, cgroups kill it
+        raise asyncio.CancelledError
+    return result
 
 
 def process_memory(pid: int) -> dict[str, int]:
