@@ -14,7 +14,6 @@ from typing import BinaryIO
 
 import anyio
 import pytest
-from sandbank.leasing import FileEntry
 
 from sandbank.agent.model import ChatMessage, ModelReply, ToolSpec, UserMessage
 from sandbank.agent.scripted import ScriptedModel, answer
@@ -22,6 +21,7 @@ from sandbank.config import Settings
 from sandbank.files.memory import MemoryObjectStore
 from sandbank.interpreter.files import SessionFiles
 from sandbank.interpreter.runs import HANDED_BACK, RESUME_NOTE, WORKER_LOST, Runs
+from sandbank.leasing import FileEntry
 from sandbank.sandbox.base import ExecResult, ToolCall
 from sandbank.store.memory import MemoryStore
 

@@ -18,16 +18,23 @@ from sandbank.sandbox.backend import INTERPRETERS, Backend
 from sandbank.sandbox.base import BashCall, EditorCall, ExecResult, PythonCall
 from sandbank.sandbox.bwrap import BwrapBackend
 from sandbank.sandbox.fake import FakeBackend
+from sandbank.sandbox.forked import ForkBackend
 from sandbank.sandbox.sessions import ExecSession, Runtime
 from sandbank.sandbox.unisolated import UnisolatedBackend
 from tests.support import data_dir, settings
 
 BACKENDS: dict[str, type[Backend]] = {
     "bwrap": BwrapBackend,
+    "fork": ForkBackend,
     "none": UnisolatedBackend,
     "fake": FakeBackend,
 }
 _CHOSEN = [b for b in os.environ.get("SANDBANK_TEST_BACKENDS", ",".join(BACKENDS)).split(",") if b]
+
+
+def isolation_of(backend_name: str) -> str:
+    """The `isolation` setting of a backend (the fake is given to the runtime directly)."""
+    return backend_name if backend_name in ("none", "fork") else "bwrap"
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -38,6 +45,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         needed.update(marker.args)
     needed = needed or {INTERPRETERS}  # unmarked tests need real interpreters
     names = [n for n in _CHOSEN if needed <= BACKENDS[n].claims]
+    for marker in metafunc.definition.iter_markers("only_backends"):
+        names = [n for n in names if n in marker.args]  # a backend's own promises
     metafunc.parametrize("backend_name", names, scope="module")
 
 
@@ -54,9 +63,7 @@ def module_data() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 async def runtime(module_data: Path, backend_name: str) -> AsyncIterator[Runtime]:
-    config = settings(
-        module_data, cpu_limit=0.5, isolation="none" if backend_name == "none" else "bwrap"
-    )
+    config = settings(module_data, cpu_limit=0.5, isolation=isolation_of(backend_name))
     rt = Runtime(config, BACKENDS[backend_name](config))
     await rt.start()
     try:

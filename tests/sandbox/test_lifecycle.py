@@ -108,6 +108,8 @@ async def test_a_restart_cleans_what_a_crashed_run_of_the_same_data_dir_left_onl
         finally:
             await bystander.close()
             await orphan.close()
+            await crashed.close()
+            await bystander_backend.close()
 
 
 def test_uid_claims_are_exclusive_across_allocators(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from sandbank.errors import AtCapacity, SessionNotFound
 from sandbank.sandbox import transfers
 from sandbank.sandbox.backend import RUNTIME
 from sandbank.sandbox.sessions import Runtime
-from tests.sandbox.conftest import BACKENDS
+from tests.sandbox.conftest import BACKENDS, isolation_of
 from tests.support import settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.claims(RUNTIME)]
@@ -25,8 +25,9 @@ async def make_runtime(module_data: Path, backend_name: str) -> AsyncIterator[Ma
     made: list[Runtime] = []
 
     async def make(**overrides: Any) -> Runtime:
-        isolation = "none" if backend_name == "none" else "bwrap"
-        config = settings(module_data / f"rt{len(made)}", isolation=isolation, **overrides)
+        config = settings(
+            module_data / f"rt{len(made)}", isolation=isolation_of(backend_name), **overrides
+        )
         rt = Runtime(config, BACKENDS[backend_name](config))
         await rt.start()
         made.append(rt)

@@ -293,6 +293,11 @@ class BwrapBackend(Backend):
 
     def check(self) -> None:
         check_available()
+        self.check_common()
+        self.runtime_source = mounted_runtime(self.runtime_dir)
+
+    def check_common(self) -> None:
+        """What bwrap and fork both need: the runtime, traversable paths, seccomp, uids."""
         python = self.runtime_dir / "bin" / "python3"
         if not python.exists():
             raise IsolationUnavailable(
@@ -309,7 +314,6 @@ class BwrapBackend(Backend):
                         f"reach {target}: move it or `chmod o+x {parent}`"
                     )
         self.seccomp = build_filter()
-        self.runtime_source = mounted_runtime(self.runtime_dir)
         s = self.settings
         self.uids = UidAllocator(s.uid_lock_dir, s.uid_base, s.uid_count)
 
@@ -390,6 +394,6 @@ def reap_orphans(known: set[int]) -> None:
         except OSError:
             continue
         fields = rest.split()
-        if head.endswith(b"(bwrap") and fields[0] == b"Z" and int(fields[1]) == me:
+        if head.endswith((b"(bwrap", b"(sb-init")) and fields[0] == b"Z" and int(fields[1]) == me:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(int(name), os.WNOHANG)

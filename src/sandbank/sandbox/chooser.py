@@ -11,6 +11,10 @@ def backend_for(settings: Settings) -> Backend:
         from .unisolated import UnisolatedBackend
 
         return UnisolatedBackend(settings)
+    if settings.isolation == "fork":
+        from .forked import ForkBackend
+
+        return ForkBackend(settings)
     from .bwrap import BwrapBackend
 
     return BwrapBackend(settings)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import subprocess
 from pathlib import Path
@@ -78,3 +79,99 @@ def unmount(point: str, lazy: bool = False) -> None:
 def mount_image(image: Path, point: Path) -> None:
     """Loop-mount an ext4 image read-only (nosuid, nodev) at `point`."""
     _run(["mount", "-o", "loop,ro,nosuid,nodev", str(image), str(point)])
+
+
+# --- the fast path: a copy of a formatted image, attached and mounted without a subprocess ---
+
+LOOP_CTL_GET_FREE = 0x4C82
+LOOP_CONFIGURE = 0x4C0A
+LO_FLAGS_AUTOCLEAR = 4  # the loop device detaches itself once unmounted
+MS_NOSUID, MS_NODEV = 2, 4
+_LOOP_INFO64_SIZE = 232
+_LO_FLAGS_OFFSET = 52  # of lo_flags in struct loop_info64
+_ATTACH_TRIES = 32
+
+
+def format_image(image: Path, size_bytes: int) -> None:
+    """A formatted, empty ext4 image that `create_from` copies (a few hundred KiB allocated)."""
+    with open(image, "wb") as f:
+        f.truncate(size_bytes)
+    _run(
+        [
+            "mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
+            "-E", "root_owner=0:0,nodiscard", str(image),
+        ]
+    )  # fmt: skip
+
+
+def create_from(formatted: Path, image: Path, mountpoint: Path, uid: int) -> None:
+    """What `create` does, from a copy of `formatted`: ~1 ms of copying instead of mkfs."""
+    _copy_sparse(formatted, image)
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    try:
+        _attach_and_mount(image, mountpoint)
+    except OSError:
+        # An older kernel (no LOOP_CONFIGURE) or no /dev/loop-control: mount(8) knows more.
+        _run(["mount", "-o", "loop,nosuid,nodev", str(image), str(mountpoint)])
+    with contextlib.suppress(OSError):
+        (mountpoint / "lost+found").rmdir()
+    os.chown(mountpoint, uid, uid)
+    os.chmod(mountpoint, 0o700)
+
+
+def _copy_sparse(src: Path, dst: Path) -> None:
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        fo.truncate(os.fstat(fi.fileno()).st_size)
+        pos = 0
+        while True:
+            try:
+                start = os.lseek(fi.fileno(), pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: no data past pos
+                return
+            end = os.lseek(fi.fileno(), start, os.SEEK_HOLE)
+            off = start
+            while off < end:
+                n = os.copy_file_range(fi.fileno(), fo.fileno(), end - off, off, off)
+                if n == 0:
+                    raise SandboxError(f"copying {src} stopped short")
+                off += n
+            pos = end
+
+
+def _attach_and_mount(image: Path, mountpoint: Path) -> None:
+    import ctypes
+    import fcntl
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+    info = bytearray(_LOOP_INFO64_SIZE)
+    struct.pack_into("I", info, _LO_FLAGS_OFFSET, LO_FLAGS_AUTOCLEAR)
+    ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for _ in range(_ATTACH_TRIES):  # another process may take the free device first
+            n = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
+            loop = os.open(f"/dev/loop{n}", os.O_RDWR | os.O_CLOEXEC)
+            try:
+                config = struct.pack("II", backing, 0) + bytes(info) + bytes(64)
+                try:
+                    fcntl.ioctl(loop, LOOP_CONFIGURE, config)
+                except OSError as e:
+                    if e.errno == errno.EBUSY:
+                        continue
+                    raise
+                ret = libc.mount(
+                    f"/dev/loop{n}".encode(), str(mountpoint).encode(), b"ext4",
+                    MS_NOSUID | MS_NODEV, None,
+                )  # fmt: skip
+                if ret != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"mount {mountpoint}: {os.strerror(err)}")
+                return
+            finally:
+                os.close(loop)  # with AUTOCLEAR, the mount now holds the device
+        raise OSError(errno.EBUSY, "no free loop device")
+    finally:
+        os.close(backing)
+        os.close(ctl)
