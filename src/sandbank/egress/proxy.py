@@ -76,6 +76,16 @@ def split_authority(text: str, default_port: int | None) -> tuple[str, int]:
     return host, int(port_text)
 
 
+def checked_host(host: str) -> str:
+    """An address literal as given, or a name in canonical form; 400 for anything else."""
+    if parse_address(host) is not None:
+        return host
+    name = normalize_name(host)
+    if name is None:
+        raise Refusal(400, "not a valid host name")
+    return name
+
+
 def parse_head(head: bytes) -> Request:
     try:
         text = head.decode("ascii")
@@ -88,7 +98,7 @@ def parse_head(head: bytes) -> Request:
     method, target, _ = parts
     if method == "CONNECT":
         host, port = split_authority(target, None)
-        return Request(method, host, port)
+        return Request(method, checked_host(host), port)
     scheme, sep, rest = target.partition("://")
     if not sep or scheme.lower() != "http":
         raise Refusal(
@@ -113,7 +123,9 @@ def parse_head(head: bytes) -> Request:
         headers.append((name, value.strip()))
     out += [f"{n}: {v}" for n, v in headers if n.lower() not in dropped]
     out.append("Connection: close")
-    return Request(method, host, port, ("\r\n".join(out) + "\r\n\r\n").encode("ascii"))
+    return Request(
+        method, checked_host(host), port, ("\r\n".join(out) + "\r\n\r\n").encode("ascii")
+    )
 
 
 def answer(status: int, reason: str) -> bytes:
@@ -132,6 +144,7 @@ class Gate:
 
     sandbox_id: str
     server: asyncio.AbstractServer
+    path: Path
     session_id: str = "(not leased)"
     policy: NetworkPolicy = field(default_factory=NetworkPolicy)
     stats: EgressStats = field(default_factory=EgressStats)
@@ -160,7 +173,7 @@ class EgressProxy:
         server = await asyncio.start_unix_server(serve, path=str(path), limit=HEAD_LIMIT)
         os.chown(path, uid, uid)
         os.chmod(path, 0o600)
-        gate = Gate(sandbox_id, server)
+        gate = Gate(sandbox_id, server, path)
         self._gates[sandbox_id] = gate
         return path
 
@@ -179,6 +192,8 @@ class EgressProxy:
         if gate is None:
             return
         gate.server.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(gate.path)
         for task in list(gate.tasks):
             task.cancel()
         await asyncio.gather(*gate.tasks, return_exceptions=True)
