@@ -42,7 +42,7 @@ class Upstream(ThreadingHTTPServer):
         self.connections = 0
         self.heads: list[str] = []
         self.files: dict[str, bytes] = {}
-        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True)
 
     @property
     def port(self) -> int:

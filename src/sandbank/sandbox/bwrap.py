@@ -13,6 +13,8 @@ import os
 import shutil
 from pathlib import Path
 
+from ..egress import sandboxing as egress
+from ..egress.proxy import SOCKET_NAME, EgressProxy
 from ..errors import IsolationUnavailable
 from . import cgroups, disk
 from .channel import WorkerProcess
@@ -69,8 +71,10 @@ class BwrapSandbox(ManagedSandbox):
         limits: Limits,
         preimport: bool,
         seccomp_program: bytes,
+        egress_proxy: EgressProxy | None = None,
     ) -> None:
         super().__init__(sandbox_id, limits, preimport)
+        self.egress_proxy = egress_proxy
         self.dir = base_dir / sandbox_id
         self.runtime_dir = runtime_dir
         self.uids = uids
@@ -90,6 +94,8 @@ class BwrapSandbox(ManagedSandbox):
         self._acquired = True
         self.uid = self.uids.claim()
         await asyncio.to_thread(self._acquire_sync)
+        if self.egress_proxy is not None:
+            await self.egress_proxy.open(self.id, self.dir / "egress", self.uid)
 
     def _acquire_sync(self) -> None:
         self.dir.mkdir(mode=0o711, parents=True)
@@ -127,6 +133,7 @@ class BwrapSandbox(ManagedSandbox):
             "OPENBLAS_NUM_THREADS": str(max(1, int(lim.cpus))),
             "OMP_NUM_THREADS": str(max(1, int(lim.cpus))),
         }
+        self._egress_env(env)
         argv = ["sh", "-c", LAUNCHER, "launcher"]
         procs = self.cgroup.procs_files()
         argv += [str(len(procs)), *procs, str(lim.open_files)]
@@ -154,12 +161,27 @@ class BwrapSandbox(ManagedSandbox):
             "--bind", str(self.workspace), "/workspace",
             "--ro-bind", str(self.runtime_dir), RUNTIME_MOUNT,
             "--ro-bind", str(INSIDE_DIR), INSIDE_MOUNT,
+            *self._egress_binds(),
             "--remount-ro", "/",
             "--chdir", "/workspace",
             "--seccomp", str(seccomp_fd),
             "--", f"{RUNTIME_MOUNT}/bin/python3", "-s", f"{INSIDE_MOUNT}/worker.py",
         ]  # fmt: skip
         return argv
+
+    def _egress_env(self, env: dict[str, str]) -> None:
+        """pip's settings always; the proxy's variables when this server has egress at all."""
+        on = self.egress_proxy is not None
+        env["PATH"] = f"{egress.INSIDE_BIN}:{env['PATH']}"
+        env.update(egress.pip_env(network=on))
+        if on:
+            env["PYTHONPATH"] += f":{egress.SITE_DIR}"
+            env.update(egress.proxy_env(SOCKET_NAME))
+
+    def _egress_binds(self) -> list[str]:
+        if self.egress_proxy is None:
+            return []
+        return egress.bwrap_binds(self.dir / "egress")
 
     async def _launch(self) -> WorkerProcess:
         fd = filter_fd(self.seccomp_program)
@@ -190,6 +212,8 @@ class BwrapSandbox(ManagedSandbox):
             return
         self._acquired = False
         try:
+            if self.egress_proxy is not None:
+                await self.egress_proxy.close_sandbox(self.id)
             await asyncio.to_thread(self._release_sync)
         finally:
             if self.uid:

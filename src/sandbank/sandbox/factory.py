@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from ..config import MiB, Settings
+from ..egress.proxy import EgressProxy
 from ..errors import IsolationUnavailable
 from . import bwrap, cgroups, disk
 from .managed import Limits, ManagedSandbox
@@ -74,6 +75,7 @@ class SandboxFactory:
         self.runtime_dir = settings.runtime_dir.resolve()
         self.uids: UidAllocator | None = None
         self.seccomp = b""
+        self.egress_proxy: EgressProxy | None = None  # set by the runtime when egress is on
 
     def check(self) -> None:
         """Fail with a clear message when the chosen isolation cannot work on this machine."""
@@ -131,6 +133,7 @@ class SandboxFactory:
             limits=self.limits,
             preimport=preimport,
             seccomp_program=self.seccomp,
+            egress_proxy=self.egress_proxy,
         )
 
     async def cleanup_stale(self) -> None:

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import Settings
+from ..egress.config import EgressConfig, build_proxy
+from ..egress.policy import NetworkPolicy
 from ..errors import AtCapacity, SessionNotFound
 from .base import RC_TIMEOUT, ExecResult, ToolCall
 from .channel import WorkerProcess
@@ -30,6 +32,7 @@ class Session:
     created_at: float = field(default_factory=time.time)
     last_activity_at: float = field(default_factory=time.time)
     inflight: int = 0
+    network: NetworkPolicy = field(default_factory=NetworkPolicy)  # what its code may reach
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # FIFO: calls run in arrival order
 
     def touch(self) -> None:
@@ -49,11 +52,20 @@ class Runtime:
     def __init__(self, settings: Settings, factory: SandboxFactory | None = None) -> None:
         self.settings = settings
         self.factory = factory or SandboxFactory(settings)
+        self.egress = EgressConfig.from_settings(settings)
+        self._install_egress_proxy()
         self.pool = WarmPool(self.factory, settings.pool_size, settings.pool_preimport)
         self._sessions: dict[str, Session] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._reaper: asyncio.Task[None] | None = None
         self._accepting = False
+
+    def _install_egress_proxy(self) -> None:
+        """Sandboxes get a way out only when the operator allows some network (README)."""
+        if self.factory.isolated:
+            self.factory.egress_proxy = build_proxy(self.settings, self.egress)
+        elif self.egress.enabled:
+            log.warning("egress policies are not enforced without isolation: code has the network")
 
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -77,6 +89,8 @@ class Runtime:
             self._destroy_in_background(sid)
         await self.pool.close()
         await self.drain()
+        if self.factory.egress_proxy is not None:
+            await self.factory.egress_proxy.close()
         self._reap_orphans()
         self.factory.release_instance()
 
@@ -90,8 +104,13 @@ class Runtime:
         return min(requested or default, ceiling)
 
     async def create(
-        self, tenant: str, idle_timeout: int | None = None, max_lifetime: int | None = None
+        self,
+        tenant: str,
+        idle_timeout: int | None = None,
+        max_lifetime: int | None = None,
+        network: NetworkPolicy | None = None,
     ) -> Session:
+        """A new session; `network` is a client's hint, clamped to the operator's ceiling."""
         if not self._accepting:
             raise AtCapacity("the server is shutting down", retry_after=30)
         s = self.settings
@@ -104,7 +123,10 @@ class Runtime:
             sandbox=sandbox,
             idle_timeout=self.clamp(idle_timeout, s.idle_timeout_default, s.idle_timeout_max),
             max_lifetime=self.clamp(max_lifetime, s.max_lifetime_default, s.max_lifetime_max),
+            network=self.egress.effective(network),
         )
+        if self.factory.egress_proxy is not None:
+            self.factory.egress_proxy.lease(sandbox.id, session.id, session.network)
         self._sessions[session.id] = session
         return session
 

@@ -27,6 +27,7 @@ from typing import Any
 
 WORKSPACE = os.environ.get("SANDBANK_WORKSPACE", "/workspace")
 SCAN_LIMIT = 20000
+SITE_DIR_NAME = ".site-packages"
 _HEADER = struct.Struct(">I")
 _MAX_FRAME = 64 * 1024 * 1024
 
@@ -221,7 +222,8 @@ def scan(root: str = WORKSPACE) -> dict[str, tuple[int, int, int]]:
             except OSError:
                 continue
             if stat.S_ISDIR(st.st_mode):
-                stack.append(path)
+                if path != SITE_DIR_NAME:  # pip's packages are not files the code produced
+                    stack.append(path)
             elif stat.S_ISREG(st.st_mode):
                 seen[path] = (st.st_mtime_ns, st.st_size, st.st_ino)
     return seen
@@ -520,6 +522,9 @@ def main() -> None:
     channel = Channel()
     os.chdir(WORKSPACE)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import sandbank_egress  # beside this file
+
+    sandbank_egress.start()  # pip's site directory, and the relay when egress is on
     sys.argv = [""]
     if os.environ.get("SANDBANK_PREIMPORT") == "1":
         try:

@@ -1,0 +1,86 @@
+"""Inside the sandbox: the relay from 127.0.0.1:PORT to the egress proxy's unix socket.
+
+Standard library only; imports nothing from the server. The sandbox has no network but its
+own loopback, so HTTP clients (pip, requests, httpx, curl) are pointed by the usual proxy
+variables at this relay, which passes bytes to the socket Sandbank bound in. The proxy outside
+decides what may pass; this relay decides nothing and trusts nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+
+CHUNK = 64 * 1024
+_UNREACHABLE = (
+    b"HTTP/1.1 502 Sandbank egress proxy unreachable\r\nContent-Length: 0\r\n"
+    b"Connection: close\r\n\r\n"
+)
+
+
+def start() -> None:
+    """Called once by the worker at start: prepare pip's site directory and start the relay."""
+    site = os.environ.get("PIP_TARGET")
+    if site:
+        # Before anything is imported, so the interpreter's import system sees the directory.
+        with contextlib.suppress(OSError):
+            os.makedirs(site, exist_ok=True)
+    path, port = os.environ.get("SANDBANK_EGRESS_SOCKET"), os.environ.get("SANDBANK_EGRESS_PORT")
+    if not path or not port:
+        return
+    # Bound here, so the port is ready before any user code runs; served by a child process of
+    # its own session, out of reach of the worker's interrupts and of the user's GIL.
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", int(port)))
+    listener.listen(128)
+    fd = listener.fileno()
+    subprocess.Popen(
+        [sys.executable, "-I", "-S", os.path.abspath(__file__), str(fd), path],
+        pass_fds=[fd],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    listener.close()
+
+
+async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError):
+        while data := await src.read(CHUNK):
+            dst.write(data)
+            await dst.drain()
+        if dst.can_write_eof():
+            dst.write_eof()
+
+
+async def _relay(path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        up_reader, up_writer = await asyncio.open_unix_connection(path)
+    except OSError:
+        writer.write(_UNREACHABLE)
+        with contextlib.suppress(OSError):
+            await writer.drain()
+        writer.close()
+        return
+    try:
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+    finally:
+        up_writer.close()
+        writer.close()
+
+
+async def _serve(fd: int, path: str) -> None:
+    listener = socket.socket(fileno=fd)
+    server = await asyncio.start_server(lambda r, w: _relay(path, r, w), sock=listener)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    asyncio.run(_serve(int(sys.argv[1]), sys.argv[2]))
