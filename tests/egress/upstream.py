@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import datetime
+import hashlib
+import io
 import ssl
 import threading
+import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -23,6 +27,8 @@ class Handler(BaseHTTPRequestHandler):
         else:
             body = f"hello from upstream {self.path} host={self.headers['Host']}\n".encode()
         self.send_response(200)
+        kind = "text/html" if url.path.endswith("/") else "application/octet-stream"
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -62,6 +68,42 @@ class Upstream(ThreadingHTTPServer):
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
         self.server_close()
+
+
+def make_wheel(name: str, version: str, source: str) -> tuple[str, bytes]:
+    """A pure-Python wheel with one module, built by hand: (file name, bytes)."""
+    files = {
+        f"{name}/__init__.py": source.encode(),
+        f"{name}-{version}.dist-info/METADATA": (
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        ).encode(),
+        f"{name}-{version}.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: sandbank-tests\nRoot-Is-Purelib: true\n"
+            b"Tag: py3-none-any\n"
+        ),
+    }
+    record = f"{name}-{version}.dist-info/RECORD"
+    lines = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        lines.append(f"{path},sha256={digest},{len(data)}")
+    lines.append(f"{record},,")
+    files[record] = ("\n".join(lines) + "\n").encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for path, data in files.items():
+            z.writestr(path, data)
+    return f"{name}-{version}-py3-none-any.whl", buf.getvalue()
+
+
+def serve_index(upstream: Upstream, name: str, wheel: tuple[str, bytes]) -> None:
+    """A PEP 503 simple index for one project at /simple/."""
+    file_name, data = wheel
+    sha = hashlib.sha256(data).hexdigest()
+    upstream.files[f"/simple/{name}/"] = (
+        f'<html><body><a href="/files/{file_name}#sha256={sha}">{file_name}</a></body></html>'
+    ).encode()
+    upstream.files[f"/files/{file_name}"] = data
 
 
 def make_ca(directory: Path, names: list[str]) -> tuple[Path, ssl.SSLContext]:

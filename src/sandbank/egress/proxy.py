@@ -26,6 +26,8 @@ from .resolver import Resolver
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = "egress.sock"
+# Answered by the proxy itself with the session's own policy (`.invalid` never resolves).
+POLICY_HOST = "policy.sandbank.invalid"
 HEAD_LIMIT = 32 * 1024
 HEAD_TIMEOUT = 15.0
 CONNECT_TIMEOUT = 10.0
@@ -128,13 +130,14 @@ def parse_head(head: bytes) -> Request:
     )
 
 
-def answer(status: int, reason: str) -> bytes:
+def answer(status: int, reason: str, text: str = "") -> bytes:
     # The reason phrase carries the cause: it is what pip, requests and curl show for a
     # refused CONNECT. It is built from checked or fixed text only (no control characters).
-    body = f"{reason}\n".encode()
+    body = f"{text or reason}\n".encode()
+    mark = "" if status == 200 else "X-Sandbank-Egress: refused\r\n"
     return (
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\n"
-        f"Content-Length: {len(body)}\r\nX-Sandbank-Egress: refused\r\nConnection: close\r\n\r\n"
+        f"Content-Length: {len(body)}\r\n{mark}Connection: close\r\n\r\n"
     ).encode() + body
 
 
@@ -220,6 +223,10 @@ class EgressProxy:
             req: Request | None = None
             try:
                 req = await self._read_request(gate, reader)
+                if req.host == POLICY_HOST and not req.tunnel:
+                    writer.write(answer(200, "OK", f"network policy: {gate.policy}"))
+                    await writer.drain()
+                    return
                 up_reader, upstream = await self._connect(gate, req)
             except Refusal as r:
                 self._count(gate, r, req)

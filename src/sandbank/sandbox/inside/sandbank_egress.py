@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.machinery
 import os
 import socket
 import subprocess
@@ -29,6 +30,7 @@ def start() -> None:
         # Before anything is imported, so the interpreter's import system sees the directory.
         with contextlib.suppress(OSError):
             os.makedirs(site, exist_ok=True)
+        sys.meta_path.append(FreshSite(site))
     path, port = os.environ.get("SANDBANK_EGRESS_SOCKET"), os.environ.get("SANDBANK_EGRESS_PORT")
     if not path or not port:
         return
@@ -48,6 +50,26 @@ def start() -> None:
         stderr=subprocess.DEVNULL,
     )
     listener.close()
+
+
+class FreshSite:
+    """Last on sys.meta_path: what `pip install` just put in the site directory imports at once.
+
+    The directory's cached listing is keyed on its mtime, which a small ext4 keeps in whole
+    seconds, so a package installed in the second after a failed import would stay unseen.
+    Only imports that every other finder missed get here; each costs one directory listing.
+    """
+
+    def __init__(self, site: str) -> None:
+        self.site = site
+
+    def find_spec(
+        self, name: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if path is not None:
+            return None
+        sys.path_importer_cache.pop(self.site, None)
+        return importlib.machinery.PathFinder.find_spec(name, [self.site])
 
 
 async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
@@ -82,5 +104,29 @@ async def _serve(fd: int, path: str) -> None:
         await server.serve_forever()
 
 
+def explain() -> str:
+    """Why pip (or anything) may not reach the network: this session's policy, in a line."""
+    if os.environ.get("SANDBANK_NETWORK") != "proxy":
+        policy = "network policy: none"
+    else:
+        import http.client
+
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", int(os.environ["SANDBANK_EGRESS_PORT"]))
+            conn.request("GET", "http://policy.sandbank.invalid/")
+            policy = conn.getresponse().read(4096).decode("ascii", "replace").strip()
+        except (OSError, KeyError, ValueError, http.client.HTTPException):
+            return "[sandbank] the egress proxy did not answer"
+    if policy == "network policy: none":
+        return (
+            "[sandbank] this session's network policy is none (no network): pip can install "
+            "only local files"
+        )
+    return f"[sandbank] this session's {policy}; the package index must be on it"
+
+
 if __name__ == "__main__":
-    asyncio.run(_serve(int(sys.argv[1]), sys.argv[2]))
+    if sys.argv[1:] == ["explain"]:
+        print(explain(), file=sys.stderr)
+    else:
+        asyncio.run(_serve(int(sys.argv[1]), sys.argv[2]))
