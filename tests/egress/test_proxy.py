@@ -262,13 +262,12 @@ async def test_closing_a_sandbox_ends_its_open_tunnels(rig: Rig) -> None:
 
 
 async def test_the_proxy_tells_a_session_its_own_policy(rig: Rig) -> None:
-    before = rig.proxy.stats("sb1")
     status, body = await rig.ask("GET http://policy.sandbank.invalid/ HTTP/1.1\r\n\r\n")
     assert status == "HTTP/1.1 200 OK"
-    assert body.endswith(
-        f"network policy: allowed.test:{rig.a.port}, ".encode()
-        + b"private.test:"
-        + str(rig.b.port).encode()
-        + f", meta.test:{rig.a.port}, ten.test:{rig.a.port}, 127.0.0.1:{rig.a.port}\n".encode()
+    a, b = rig.a.port, rig.b.port
+    assert body.decode().endswith(
+        f"network policy: allowed.test:{a}, private.test:{b}, meta.test:{a}, ten.test:{a}, "
+        f"127.0.0.1:{a}\n"
     )
-    assert (before.allowed, before.refused) == (0, 0)
+    stats = rig.proxy.stats("sb1")
+    assert (stats.allowed, stats.refused) == (0, 0)
