@@ -51,8 +51,10 @@ class ExecApi:
 
     async def create_session(self, request: Request) -> Response:
         tenant = self._tenant(request)
-        idle, lifetime = schemas.parse_create(await json_body(request, optional=True))
-        session = await self.runtime.create(tenant, idle, lifetime)
+        body = await json_body(request, optional=True)
+        idle, lifetime = schemas.parse_create(body)
+        network = schemas.parse_network(body)
+        session = await self.runtime.create(tenant, idle, lifetime, network)
         return JSONResponse(handle(session), status_code=201)
 
     async def destroy_session(self, request: Request) -> Response:
@@ -123,7 +125,13 @@ def handle(session: Session) -> dict[str, Any]:
         "max_lifetime_seconds": session.max_lifetime,
         "created_at": session.created_at,
         "last_activity_at": session.last_activity_at,
+        "network": network_in_force(session),
     }
+
+
+def network_in_force(session: Session) -> str | dict[str, list[str]]:
+    """The session's network policy, in the form of CreateSession's hint (an addition)."""
+    return "none" if session.network.is_none else {"allow": session.network.entries()}
 
 
 def exec_response(tool: str, tool_use_id: str, result: ExecResult) -> dict[str, Any]:
