@@ -8,13 +8,14 @@ decides what may pass; this relay decides nothing and trusts nothing.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib.machinery
 import os
-import socket
-import subprocess
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the relay's own imports wait for the relay: the worker starts fast
+    import asyncio
 
 CHUNK = 64 * 1024
 _UNREACHABLE = (
@@ -34,6 +35,9 @@ def start() -> None:
     path, port = os.environ.get("SANDBANK_EGRESS_SOCKET"), os.environ.get("SANDBANK_EGRESS_PORT")
     if not path or not port:
         return
+    import socket
+    import subprocess
+
     # Bound here, so the port is ready before any user code runs; served by a child process of
     # its own session, out of reach of the worker's interrupts and of the user's GIL.
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -82,6 +86,8 @@ async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
 
 
 async def _relay(path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    import asyncio
+
     try:
         up_reader, up_writer = await asyncio.open_unix_connection(path)
     except OSError:
@@ -98,6 +104,9 @@ async def _relay(path: str, reader: asyncio.StreamReader, writer: asyncio.Stream
 
 
 async def _serve(fd: int, path: str) -> None:
+    import asyncio
+    import socket
+
     listener = socket.socket(fileno=fd)
     server = await asyncio.start_server(lambda r, w: _relay(path, r, w), sock=listener)
     async with server:
@@ -129,4 +138,6 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["explain"]:
         print(explain(), file=sys.stderr)
     else:
+        import asyncio
+
         asyncio.run(_serve(int(sys.argv[1]), sys.argv[2]))

@@ -522,9 +522,10 @@ def main() -> None:
     channel = Channel()
     os.chdir(WORKSPACE)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import sandbank_egress  # beside this file
+    if os.environ.get("PIP_TARGET"):  # set only when this server has egress
+        import sandbank_egress  # beside this file
 
-    sandbank_egress.start()  # pip's site directory, and the relay when egress is on
+        sandbank_egress.start()  # pip's site directory and the relay to the egress proxy
     sys.argv = [""]
     if os.environ.get("SANDBANK_PREIMPORT") == "1":
         try:
