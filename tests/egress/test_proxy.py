@@ -185,6 +185,7 @@ async def test_malformed_and_other_protocols_are_refused(rig: Rig) -> None:
         f"GET ftp://allowed.test:{rig.a.port}/ HTTP/1.1\r\n\r\n": "400 this proxy takes",
         f"GET http://u@allowed.test:{rig.a.port}/ HTTP/1.1\r\n\r\n": "400 malformed URL",
         "CONNECT allowed.test HTTP/1.1\r\n\r\n": "400 CONNECT needs host:port",
+        "CONNECT [fe80::1%<b>]:443 HTTP/1.1\r\n\r\n": "400 not a valid host name",
         "CONNECT allowed.test:99999 HTTP/1.1\r\n\r\n": "400 malformed port",
         "\x16\x03\x01\x02\x00\r\n\r\n": "400 malformed request line",
         f"GET http://allowed.test:{rig.a.port}/ HTTP/1.1\r\nBad Header\r\n\r\n": "400 malformed",

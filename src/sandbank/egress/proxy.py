@@ -80,7 +80,7 @@ def split_authority(text: str, default_port: int | None) -> tuple[str, int]:
 
 def checked_host(host: str) -> str:
     """An address literal as given, or a name in canonical form; 400 for anything else."""
-    if parse_address(host) is not None:
+    if parse_address(host) is not None and "%" not in host:  # no IPv6 zone: it is free text
         return host
     name = normalize_name(host)
     if name is None:
