@@ -31,7 +31,8 @@ POLICY_HOST = "policy.sandbank.invalid"
 HEAD_LIMIT = 32 * 1024
 HEAD_TIMEOUT = 15.0
 CONNECT_TIMEOUT = 10.0
-CHUNK = 64 * 1024
+CHUNK = 256 * 1024
+STREAM_LIMIT = 1024 * 1024  # buffered per direction before reading pauses
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _HOP_BY_HOP = {
     "connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate",
@@ -269,7 +270,7 @@ class EgressProxy:
         for ip in addresses:
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT):
-                    conn = await asyncio.open_connection(str(ip), req.port)
+                    conn = await asyncio.open_connection(str(ip), req.port, limit=STREAM_LIMIT)
             except (OSError, TimeoutError):
                 continue
             gate.stats.allowed += 1
@@ -332,7 +333,8 @@ class EgressProxy:
             idle = self.limits.idle_seconds
             while True:
                 try:
-                    data = await asyncio.wait_for(src.read(CHUNK), idle)
+                    async with asyncio.timeout(idle):
+                        data = await src.read(CHUNK)
                 except TimeoutError:
                     if time.monotonic() - last[0] < idle:
                         continue

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the relay's own imports wait for the relay: the worker starts fast
     import asyncio
 
-CHUNK = 64 * 1024
+CHUNK = 256 * 1024
+LIMIT = 1024 * 1024
 _UNREACHABLE = (
     b"HTTP/1.1 502 Sandbank egress proxy unreachable\r\nContent-Length: 0\r\n"
     b"Connection: close\r\n\r\n"
@@ -89,7 +90,7 @@ async def _relay(path: str, reader: asyncio.StreamReader, writer: asyncio.Stream
     import asyncio
 
     try:
-        up_reader, up_writer = await asyncio.open_unix_connection(path)
+        up_reader, up_writer = await asyncio.open_unix_connection(path, limit=LIMIT)
     except OSError:
         writer.write(_UNREACHABLE)
         with contextlib.suppress(OSError):
@@ -108,7 +109,7 @@ async def _serve(fd: int, path: str) -> None:
     import socket
 
     listener = socket.socket(fileno=fd)
-    server = await asyncio.start_server(lambda r, w: _relay(path, r, w), sock=listener)
+    server = await asyncio.start_server(lambda r, w: _relay(path, r, w), sock=listener, limit=LIMIT)
     async with server:
         await server.serve_forever()
 
