@@ -13,7 +13,7 @@ from sandbank.sandbox.sessions import Runtime
 from tests.egress.upstream import Upstream, make_ca, make_wheel, serve_index
 from tests.support import data_dir, settings
 
-PACKAGE = "sbtestpkg"
+PACKAGE = "sbtestpkg"  # depends on numpy, which the runtime image has: it is not reinstalled
 
 
 @dataclass
@@ -39,7 +39,8 @@ def anyio_backend() -> str:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     ca_file, context = make_ca(tmp_path_factory.mktemp("ca"), ["secure.test"])
     with Upstream() as web, Upstream(context) as tls, Upstream() as other:
-        serve_index(tls, PACKAGE, make_wheel(PACKAGE, "1.0", "VALUE = 42\n"))
+        wheel = make_wheel(PACKAGE, "1.0", "import numpy\nVALUE = 42\n", requires=("numpy",))
+        serve_index(tls, PACKAGE, wheel)
         yield World(web, tls, other, ca_file.read_text())
 
 

@@ -70,12 +70,15 @@ class Upstream(ThreadingHTTPServer):
         self.server_close()
 
 
-def make_wheel(name: str, version: str, source: str) -> tuple[str, bytes]:
+def make_wheel(
+    name: str, version: str, source: str, requires: tuple[str, ...] = ()
+) -> tuple[str, bytes]:
     """A pure-Python wheel with one module, built by hand: (file name, bytes)."""
     files = {
         f"{name}/__init__.py": source.encode(),
         f"{name}-{version}.dist-info/METADATA": (
             f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            + "".join(f"Requires-Dist: {r}\n" for r in requires)
         ).encode(),
         f"{name}-{version}.dist-info/WHEEL": (
             b"Wheel-Version: 1.0\nGenerator: sandbank-tests\nRoot-Is-Purelib: true\n"
@@ -97,7 +100,7 @@ def make_wheel(name: str, version: str, source: str) -> tuple[str, bytes]:
 
 
 def serve_index(upstream: Upstream, name: str, wheel: tuple[str, bytes]) -> None:
-    """A PEP 503 simple index for one project at /simple/."""
+    """One project of a PEP 503 simple index at /simple/ (no other project is found there)."""
     file_name, data = wheel
     sha = hashlib.sha256(data).hexdigest()
     upstream.files[f"/simple/{name}/"] = (

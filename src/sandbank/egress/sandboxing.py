@@ -10,7 +10,9 @@ from pathlib import Path
 
 SOCKET_DIR_INSIDE = "/opt/sandbank/egress"
 RELAY_PORT = 3128
-SITE_DIR = "/workspace/.site-packages"  # where `pip install` puts packages (on the disk quota)
+# The session's own Python environment, where `pip install` puts packages (on the disk quota):
+# made on first use, it sees the runtime image's packages, so only what is missing is installed.
+SITE_DIR = "/workspace/.site"
 INSIDE_BIN = "/opt/sandbank/inside/bin"  # the pip wrapper
 
 
@@ -23,7 +25,7 @@ def pip_env(network: bool) -> dict[str, str]:
         "SANDBANK_NETWORK": "proxy" if network else "none",
     }
     if network:
-        env["PIP_TARGET"] = SITE_DIR
+        env["SANDBANK_SITE"] = SITE_DIR
     return env
 
 

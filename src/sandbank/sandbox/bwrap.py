@@ -175,7 +175,6 @@ class BwrapSandbox(ManagedSandbox):
         env["PATH"] = f"{egress.INSIDE_BIN}:{env['PATH']}"
         env.update(egress.pip_env(network=on))
         if on:
-            env["PYTHONPATH"] += f":{egress.SITE_DIR}"
             env.update(egress.proxy_env(SOCKET_NAME))
 
     def _egress_binds(self) -> list[str]:

@@ -25,13 +25,19 @@ _UNREACHABLE = (
 )
 
 
+def site_packages(root: str) -> str:
+    return f"{root}/lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
+
+
 def start() -> None:
-    """Called once by the worker at start: prepare pip's site directory and start the relay."""
-    site = os.environ.get("PIP_TARGET")
-    if site:
-        # Before anything is imported, so the interpreter's import system sees the directory.
-        with contextlib.suppress(OSError):
-            os.makedirs(site, exist_ok=True)
+    """Called once by the worker at start: put the session's site on the path, start the relay."""
+    root = os.environ.get("SANDBANK_SITE")
+    if root:
+        # Before the runtime's own packages, for this interpreter and every child (bash, python3).
+        site = site_packages(root)
+        at = next((i for i, p in enumerate(sys.path) if p.endswith("site-packages")), len(sys.path))
+        sys.path.insert(at, site)
+        os.environ["PYTHONPATH"] = ":".join(filter(None, [os.environ.get("PYTHONPATH"), site]))
         sys.meta_path.append(FreshSite(site))
     path, port = os.environ.get("SANDBANK_EGRESS_SOCKET"), os.environ.get("SANDBANK_EGRESS_PORT")
     if not path or not port:
@@ -57,12 +63,28 @@ def start() -> None:
     listener.close()
 
 
+def make_site() -> None:
+    """The session's environment for pip, made on first use (by the pip wrapper).
+
+    A venv of its own (so pip installs there, and never touches the read-only runtime image)
+    whose path also holds the runtime's packages (so only what is missing is installed, and an
+    upgrade shadows the runtime's copy instead of trying to uninstall it).
+    """
+    import site
+    import venv
+
+    root = os.environ["SANDBANK_SITE"]
+    venv.create(root, with_pip=False, symlinks=True)
+    with open(os.path.join(site_packages(root), "_sandbank_runtime.pth"), "w") as f:
+        f.write("\n".join(p for p in site.getsitepackages() if os.path.isdir(p)) + "\n")
+
+
 class FreshSite:
     """Last on sys.meta_path: what `pip install` just put in the site directory imports at once.
 
-    The directory's cached listing is keyed on its mtime, which a small ext4 keeps in whole
-    seconds, so a package installed in the second after a failed import would stay unseen.
-    Only imports that every other finder missed get here; each costs one directory listing.
+    The directory may not exist when the interpreter first looks (it is made on first use), and
+    its cached listing is keyed on its mtime, which a small ext4 keeps in whole seconds. Only
+    imports that every other finder missed get here; each costs one directory listing.
     """
 
     def __init__(self, site: str) -> None:
@@ -138,6 +160,8 @@ def explain() -> str:
 if __name__ == "__main__":
     if sys.argv[1:] == ["explain"]:
         print(explain(), file=sys.stderr)
+    elif sys.argv[1:] == ["site"]:
+        make_site()
     else:
         import asyncio
 

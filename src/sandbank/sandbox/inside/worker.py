@@ -27,7 +27,7 @@ from typing import Any
 
 WORKSPACE = os.environ.get("SANDBANK_WORKSPACE", "/workspace")
 SCAN_LIMIT = 20000
-SITE_DIR_NAME = ".site-packages"
+SITE_DIR_NAME = ".site"
 _HEADER = struct.Struct(">I")
 _MAX_FRAME = 64 * 1024 * 1024
 
@@ -522,10 +522,10 @@ def main() -> None:
     channel = Channel()
     os.chdir(WORKSPACE)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    if os.environ.get("PIP_TARGET"):  # set only when this server has egress
+    if os.environ.get("SANDBANK_SITE"):  # set only when this server has egress
         import sandbank_egress  # beside this file
 
-        sandbank_egress.start()  # pip's site directory and the relay to the egress proxy
+        sandbank_egress.start()  # the session's site directory and the relay to the proxy
     sys.argv = [""]
     if os.environ.get("SANDBANK_PREIMPORT") == "1":
         try:
