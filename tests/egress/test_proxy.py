@@ -119,6 +119,26 @@ async def test_an_allowed_name_is_fetched_over_http_with_a_clean_head(
     assert any("allowed" in m and "sess-1" in m and "allowed.test" in m for m in caplog.messages)
 
 
+async def test_only_the_first_request_and_its_body_reach_the_upstream(rig: Rig) -> None:
+    """A second request on the connection (another Host, same address) is never relayed."""
+    before = len(rig.a.heads)
+    status, body = await rig.ask(
+        f"POST http://allowed.test:{rig.a.port}/p HTTP/1.1\r\nContent-Length: 5\r\n\r\n",
+        b"hello" + b"GET /two HTTP/1.1\r\nHost: other.test\r\n\r\n",
+    )
+    assert status == "HTTP/1.0 200 OK" and b"posted 5 bytes: b'hello'" in body
+    status, _ = await rig.ask(
+        f"GET http://allowed.test:{rig.a.port}/g HTTP/1.1\r\n\r\n"
+        "GET /three HTTP/1.1\r\nHost: other.test\r\n\r\n"
+    )
+    assert status == "HTTP/1.0 200 OK"
+    assert len(rig.a.heads) == before + 2 and "other.test" not in "".join(rig.a.heads)
+    status, _ = await rig.ask(
+        f"POST http://allowed.test:{rig.a.port}/c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    assert status.startswith("HTTP/1.1 411 send a Content-Length"), status
+
+
 async def test_an_allowed_name_is_tunnelled_with_connect(rig: Rig) -> None:
     reader, writer = await rig.tunnel(f"allowed.test:{rig.a.port}")
     writer.write(b"GET /t HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n")

@@ -33,6 +33,15 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_POST(self) -> None:
+        self.server.heads.append(str(self.headers))
+        data = self.rfile.read(int(self.headers["Content-Length"]))
+        body = f"posted {len(data)} bytes: {data[:20]!r}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def log_message(self, format: str, *args: object) -> None:
         pass
 

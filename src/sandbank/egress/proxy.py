@@ -56,6 +56,7 @@ class Request:
     host: str  # a normalized name, or an address literal
     port: int
     head: bytes = b""  # for plain HTTP: the head to send upstream (origin-form, Connection: close)
+    body: int | None = None  # for plain HTTP: the body's length; nothing after it is relayed
 
     @property
     def tunnel(self) -> bool:
@@ -126,9 +127,22 @@ def parse_head(head: bytes) -> Request:
         headers.append((name, value.strip()))
     out += [f"{n}: {v}" for n, v in headers if n.lower() not in dropped]
     out.append("Connection: close")
-    return Request(
-        method, checked_host(host), port, ("\r\n".join(out) + "\r\n\r\n").encode("ascii")
-    )
+    head_bytes = ("\r\n".join(out) + "\r\n\r\n").encode("ascii")
+    return Request(method, checked_host(host), port, head_bytes, body_length(headers))
+
+
+def body_length(headers: list[tuple[str, str]]) -> int:
+    """The length of a plain-HTTP request's body. Only that much is relayed, so a second request
+    cannot ride the connection to the same address with another Host (domain fronting)."""
+    names = [n.lower() for n, _ in headers]
+    if "transfer-encoding" in names:
+        raise Refusal(411, "send a Content-Length: chunked request bodies are not relayed")
+    lengths = [v for n, v in headers if n.lower() == "content-length"]
+    if not lengths:
+        return 0
+    if len(lengths) > 1 or not lengths[0].isdigit():
+        raise Refusal(400, "malformed Content-Length")
+    return int(lengths[0])
 
 
 def answer(status: int, reason: str, text: str = "") -> bytes:
@@ -240,7 +254,7 @@ class EgressProxy:
             else:
                 upstream.write(req.head)
                 gate.stats.bytes_out += len(req.head)
-            await self._relay(gate, reader, writer, up_reader, upstream)
+            await self._relay(req, gate, reader, writer, up_reader, upstream)
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -321,6 +335,7 @@ class EgressProxy:
 
     async def _relay(
         self,
+        req: Request,
         gate: Gate,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
@@ -329,12 +344,14 @@ class EgressProxy:
     ) -> None:
         last = [time.monotonic()]
 
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, out: bool) -> None:
+        async def pump(
+            src: asyncio.StreamReader, dst: asyncio.StreamWriter, out: bool, left: int | None
+        ) -> None:
             idle = self.limits.idle_seconds
-            while True:
+            while left is None or left > 0:
                 try:
                     async with asyncio.timeout(idle):
-                        data = await src.read(CHUNK)
+                        data = await src.read(CHUNK if left is None else min(CHUNK, left))
                 except TimeoutError:
                     if time.monotonic() - last[0] < idle:
                         continue
@@ -344,6 +361,8 @@ class EgressProxy:
                         dst.write_eof()
                     return
                 last[0] = time.monotonic()
+                if left is not None:
+                    left -= len(data)
                 if out:
                     gate.stats.bytes_out += len(data)
                 else:
@@ -355,8 +374,9 @@ class EgressProxy:
                 dst.write(data)
                 await dst.drain()
 
-        up = asyncio.create_task(pump(reader, upstream, True))
-        down = asyncio.create_task(pump(up_reader, writer, False))
+        body = None if req.tunnel else req.body
+        up = asyncio.create_task(pump(reader, upstream, True, body))
+        down = asyncio.create_task(pump(up_reader, writer, False, None))
         try:
             # The sandbox may finish sending first (EOF passed on) and still read the answer;
             # once the upstream is done, or anything fails, the connection is over.
