@@ -31,6 +31,9 @@ POLICY_HOST = "policy.sandbank.invalid"
 HEAD_LIMIT = 32 * 1024
 HEAD_TIMEOUT = 15.0
 CONNECT_TIMEOUT = 10.0
+MAX_ADDRESSES = 4  # of a name's addresses, tried in turn
+LOG_FIRST = 100  # connections logged one by one per session; then every LOG_EVERY-th (a
+LOG_EVERY = 1000  # sandbox must not flood the log); the counters and the totals stay exact
 CHUNK = 256 * 1024
 STREAM_LIMIT = 1024 * 1024  # buffered per direction before reading pauses
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -154,6 +157,10 @@ def answer(status: int, reason: str, text: str = "") -> bytes:
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\n"
         f"Content-Length: {len(body)}\r\n{mark}Connection: close\r\n\r\n"
     ).encode() + body
+
+
+def worth_logging(n: int) -> bool:
+    return n <= LOG_FIRST or n % LOG_EVERY == 0
 
 
 @dataclass
@@ -281,16 +288,18 @@ class EgressProxy:
         self, gate: Gate, req: Request
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         addresses = await self._check(gate, req)
-        for ip in addresses:
+        for ip in addresses[:MAX_ADDRESSES]:
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT):
                     conn = await asyncio.open_connection(str(ip), req.port, limit=STREAM_LIMIT)
             except (OSError, TimeoutError):
                 continue
             gate.stats.allowed += 1
-            log.info(
-                "egress allowed: session %s to %s:%d (%s)", gate.session_id, req.host, req.port, ip
-            )
+            if worth_logging(gate.stats.allowed):
+                log.info(
+                    "egress allowed (#%d): session %s to %s:%d (%s)",
+                    gate.stats.allowed, gate.session_id, req.host, req.port, ip,
+                )  # fmt: skip
             return conn
         raise Refusal(502, f"could not connect to {req.host}:{req.port}", counted="failed")
 
@@ -326,12 +335,15 @@ class EgressProxy:
         target = f"{req.host}:{req.port}" if req is not None else "(unparsed request)"
         if refusal.counted == "failed":
             gate.stats.failed += 1
+            n = gate.stats.failed
         else:
             gate.stats.refused += 1
-        log.info(
-            "egress %s: session %s to %s: %d %s",
-            refusal.counted, gate.session_id, target[:300], refusal.status, refusal.reason,
-        )  # fmt: skip
+            n = gate.stats.refused
+        if worth_logging(n):
+            log.info(
+                "egress %s (#%d): session %s to %s: %d %s",
+                refusal.counted, n, gate.session_id, target[:300], refusal.status, refusal.reason,
+            )  # fmt: skip
 
     async def _relay(
         self,

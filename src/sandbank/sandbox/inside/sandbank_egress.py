@@ -25,6 +25,9 @@ _UNREACHABLE = (
 )
 
 
+relay: object = None  # the relay's process, kept so it is not reported as leaked
+
+
 def site_packages(root: str) -> str:
     return f"{root}/lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
 
@@ -52,7 +55,8 @@ def start() -> None:
     listener.bind(("127.0.0.1", int(port)))
     listener.listen(128)
     fd = listener.fileno()
-    subprocess.Popen(
+    global relay
+    relay = subprocess.Popen(
         [sys.executable, "-I", "-S", os.path.abspath(__file__), str(fd), path],
         pass_fds=[fd],
         start_new_session=True,
