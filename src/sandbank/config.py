@@ -10,6 +10,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .egress.policy import NetworkPolicy
+from .egress.resolver import FixedResolver
 
 MiB = 1024 * 1024
 
@@ -144,6 +145,12 @@ class Settings(BaseSettings):
     @classmethod
     def _network_policy(cls, value: str) -> str:
         NetworkPolicy.from_setting(value)  # raises with the offending entry
+        return value
+
+    @field_validator("egress_test_hosts")
+    @classmethod
+    def _test_hosts(cls, value: str) -> str:
+        FixedResolver.parse(value)
         return value
 
     # --- code-execution API -----------------------------------------------------------------

@@ -35,6 +35,8 @@ def test_entries_that_do_not_parse_are_refused_with_the_entry() -> None:
             NetworkPolicy.parse([bad])
     with pytest.raises(ValueError, match=r"pypi\.org"):
         settings(Path("/tmp"), egress_allow="pypi.org")
+    with pytest.raises(ValueError, match="NAME=ADDRESS"):
+        settings(Path("/tmp"), egress_test_hosts="a.test=not-an-address")
 
 
 def test_none_and_empty_are_no_network() -> None:
