@@ -203,3 +203,20 @@ async def test_the_default_stays_no_network_at_all(world: World) -> None:
             assert sb.session.network.is_none
         finally:
             await rt.shutdown()
+
+
+async def test_the_relay_comes_back_with_a_restarted_interpreter(
+    runtime: Runtime, world: World
+) -> None:
+    sb = await shell(runtime)
+    url = f"http://allowed.test:{world.web.port}"
+    try:
+        await sb.sh("pkill -f sandbank_egress; true")
+        r = await sb.sh(f"curl -sS {url}/gone 2>&1")
+        assert "Failed to connect to 127.0.0.1 port 3128" in r.stdout, r
+        r = await sb.py("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+        assert r.return_code == 137
+        r = await sb.sh(f"curl -sS {url}/back", timeout=60)
+        assert r.stdout.startswith("hello from upstream /back"), r
+    finally:
+        await runtime.destroy(sb.session.id, "tests")
