@@ -211,7 +211,10 @@ async def test_the_relay_comes_back_with_a_restarted_interpreter(
     sb = await shell(runtime)
     url = f"http://allowed.test:{world.web.port}"
     try:
-        await sb.sh("pkill -f sandbank_egress; true")
+        await sb.sh(
+            "pkill -KILL -f sandbank_relay; "
+            "for i in $(seq 100); do pgrep -f sandbank_relay >/dev/null || break; sleep 0.05; done"
+        )
         r = await sb.sh(f"curl -sS {url}/gone 2>&1")
         assert "Failed to connect to 127.0.0.1 port 3128" in r.stdout, r
         r = await sb.py("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")

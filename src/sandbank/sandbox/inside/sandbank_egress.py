@@ -1,29 +1,15 @@
-"""Inside the sandbox: the relay from 127.0.0.1:PORT to the egress proxy's unix socket.
+"""Inside the sandbox, with egress on: the session's site directory, and starting the relay.
 
-Standard library only; imports nothing from the server. The sandbox has no network but its
-own loopback, so HTTP clients (pip, requests, httpx, curl) are pointed by the usual proxy
-variables at this relay, which passes bytes to the socket Sandbank bound in. The proxy outside
-decides what may pass; this relay decides nothing and trusts nothing.
+Standard library only; imports nothing from the server. Imported by the worker at its start
+(kept light), and run by the pip wrapper (`site`: make the session's environment; `explain`:
+say what the session's network policy allows). The relay itself is `sandbank_relay.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.machinery
 import os
 import sys
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the relay's own imports wait for the relay: the worker starts fast
-    import asyncio
-
-CHUNK = 256 * 1024
-LIMIT = 1024 * 1024
-_UNREACHABLE = (
-    b"HTTP/1.1 502 Sandbank egress proxy unreachable\r\nContent-Length: 0\r\n"
-    b"Connection: close\r\n\r\n"
-)
-
 
 relay: object = None  # the relay's process, kept so it is not reported as leaked
 
@@ -57,7 +43,14 @@ def start() -> None:
     fd = listener.fileno()
     global relay
     relay = subprocess.Popen(
-        [sys.executable, "-I", "-S", os.path.abspath(__file__), str(fd), path],
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            os.path.join(os.path.dirname(__file__), "sandbank_relay.py"),
+            str(fd),
+            path,
+        ],
         pass_fds=[fd],
         start_new_session=True,
         stdin=subprocess.DEVNULL,
@@ -103,43 +96,6 @@ class FreshSite:
         return importlib.machinery.PathFinder.find_spec(name, [self.site])
 
 
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(OSError):
-        while data := await src.read(CHUNK):
-            dst.write(data)
-            await dst.drain()
-        if dst.can_write_eof():
-            dst.write_eof()
-
-
-async def _relay(path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    import asyncio
-
-    try:
-        up_reader, up_writer = await asyncio.open_unix_connection(path, limit=LIMIT)
-    except OSError:
-        writer.write(_UNREACHABLE)
-        with contextlib.suppress(OSError):
-            await writer.drain()
-        writer.close()
-        return
-    try:
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-    finally:
-        up_writer.close()
-        writer.close()
-
-
-async def _serve(fd: int, path: str) -> None:
-    import asyncio
-    import socket
-
-    listener = socket.socket(fileno=fd)
-    server = await asyncio.start_server(lambda r, w: _relay(path, r, w), sock=listener, limit=LIMIT)
-    async with server:
-        await server.serve_forever()
-
-
 def explain() -> str:
     """Why pip (or anything) may not reach the network: this session's policy, in a line."""
     if os.environ.get("SANDBANK_NETWORK") != "proxy":
@@ -167,6 +123,4 @@ if __name__ == "__main__":
     elif sys.argv[1:] == ["site"]:
         make_site()
     else:
-        import asyncio
-
-        asyncio.run(_serve(int(sys.argv[1]), sys.argv[2]))
+        raise SystemExit(f"usage: {sys.argv[0]} explain|site")
