@@ -31,7 +31,8 @@ async def test_an_allowed_name_works_over_http_from_curl_and_python(
             f"print(urllib.request.urlopen('http://allowed.test:{world.web.port}/py').read())"
         )
         assert "hello from upstream /py" in r.stdout, r
-        stats = runtime.factory.egress_proxy.stats(sb.session.sandbox.id)  # type: ignore[union-attr]
+        assert runtime.factory.egress_proxy is not None
+        stats = runtime.factory.egress_proxy.stats(sb.session.sandbox.id)
         assert stats.allowed == 2 and stats.bytes_in > 0
     finally:
         await runtime.destroy(sb.session.id, "tests")

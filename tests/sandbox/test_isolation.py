@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -83,7 +84,12 @@ async def test_the_hosts_loopback_and_the_servers_port_are_unreachable(sb: Shell
     listener.listen(8)
     port = listener.getsockname()[1]
     accepted: list[object] = []
-    threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the listener is closed when the test ends
+            accepted.append(listener.accept())
+
+    threading.Thread(target=accept, daemon=True).start()
     try:
         r = await sb.py(
             "import socket\ns = socket.socket(); s.settimeout(2)\n"
