@@ -12,6 +12,8 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .egress.policy import NetworkPolicy
+from .egress.resolver import FixedResolver
 from .errors import ConfigError
 
 MiB = 1024 * 1024
@@ -149,6 +151,54 @@ class Settings(BaseSettings):
         Path("/run/sandbank/uids"),
         description="Machine-wide directory of uid claim locks, shared by every server.",
     )
+
+    # --- controlled egress (README "Network policy") ----------------------------------------
+    egress_allow: str = Field(
+        "none",
+        description="Network policy every session gets: `none` (no network at all) or "
+        "comma-separated `HOST:PORT` entries (a name, a `*.suffix` pattern, an address or a "
+        "CIDR, IPv6 in brackets; PORT a number or `*`). Names go through Sandbank's filtering "
+        "proxy; addresses that are not public are reached only when listed here or in "
+        "`egress_allow_max`.",
+    )
+    egress_allow_max: str = Field(
+        "",
+        description="The widest policy a client may ask for with CreateSession's `network` "
+        "hint, in the form of `egress_allow`; hints are clamped to it, never widened. Empty: "
+        "`egress_allow`.",
+    )
+    egress_connections_per_session: int = Field(
+        32, ge=1, description="Connections one session may have open through the proxy at once."
+    )
+    egress_bytes_per_session: int = Field(
+        1024 * MiB,
+        ge=1,
+        description="Bytes (both directions) one session may move through the proxy over its "
+        "life; past it, connections are closed and new ones refused.",
+    )
+    egress_rate_bytes: int = Field(
+        50 * MiB,
+        ge=0,
+        description="Bytes per second every session together may move through the proxy; 0: "
+        "no limit.",
+    )
+    egress_test_hosts: str = Field(
+        "",
+        description="FOR TESTS ONLY: comma-separated `name=address` answers the proxy uses "
+        "instead of DNS (names not listed do not resolve). Empty: the system resolver.",
+    )
+
+    @field_validator("egress_allow", "egress_allow_max")
+    @classmethod
+    def _network_policy(cls, value: str) -> str:
+        NetworkPolicy.from_setting(value)  # raises with the offending entry
+        return value
+
+    @field_validator("egress_test_hosts")
+    @classmethod
+    def _test_hosts(cls, value: str) -> str:
+        FixedResolver.parse(value)
+        return value
 
     # --- code-execution API -----------------------------------------------------------------
     exec_api: Literal["on", "off", "separate"] = Field(

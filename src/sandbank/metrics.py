@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .agent.model import ChatMessage, Model, ModelReply, ToolSpec
+from .egress.policy import NetworkPolicy
 from .errors import AgentError, AtCapacity
 from .sandbox.base import (
     RC_KILLED,
@@ -181,10 +182,14 @@ class MeteredRuntime(Runtime):
         metrics.watch_runtime(self)
 
     async def create(
-        self, tenant: str, idle_timeout: int | None = None, max_lifetime: int | None = None
+        self,
+        tenant: str,
+        idle_timeout: int | None = None,
+        max_lifetime: int | None = None,
+        network: NetworkPolicy | None = None,
     ) -> ExecSession:
         try:
-            session = await super().create(tenant, idle_timeout, max_lifetime)
+            session = await super().create(tenant, idle_timeout, max_lifetime, network)
         except AtCapacity:
             self.metrics.capacity_refusals.inc()
             raise

@@ -54,8 +54,10 @@ class ExecApi:
 
     async def create_session(self, request: Request) -> Response:
         tenant = self._tenant(request)
-        idle, lifetime = schemas.parse_create(await json_body(request, optional=True))
-        session = await self.runtime.create(tenant, idle, lifetime)
+        body = await json_body(request, optional=True)
+        idle, lifetime = schemas.parse_create(body)
+        network = schemas.parse_network(body)
+        session = await self.runtime.create(tenant, idle, lifetime, network)
         return JSONResponse(session_handle(session), status_code=201)
 
     async def destroy_session(self, request: Request) -> Response:
@@ -167,7 +169,13 @@ def session_handle(session: ExecSession) -> dict[str, Any]:
         "max_lifetime_seconds": session.max_lifetime,
         "created_at": session.created_at,
         "last_activity_at": session.last_activity_at,
+        "network": network_in_force(session),
     }
+
+
+def network_in_force(session: ExecSession) -> str | dict[str, list[str]]:
+    """The session's network policy, in the form of CreateSession's hint (an addition)."""
+    return "none" if session.network.is_none else {"allow": session.network.entries()}
 
 
 def exec_response(tool: str, tool_use_id: str, result: ExecResult) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..egress.policy import NetworkPolicy, PolicyError
 from ..errors import UnknownTool, Unprocessable
 from ..sandbox.base import BashCall, EditorCall, PythonCall, ToolCall
 
@@ -77,6 +78,30 @@ def parse_create(body: Any) -> tuple[int | None, int | None]:
         optional_positive_int(body, "idle_timeout_seconds"),
         optional_positive_int(body, "max_lifetime_seconds"),
     )
+
+
+MAX_NETWORK_ENTRIES = 100
+
+
+def parse_network(body: Any) -> NetworkPolicy | None:
+    """CreateSession's `network` hint (an addition): None when absent, the operator's default.
+
+    `"none"`, or `{"allow": ["HOST:PORT", ...]}`; the runtime clamps it to the operator's ceiling.
+    """
+    value = body.get("network") if isinstance(body, dict) else None
+    if value is None:
+        return None
+    if value == "none":
+        return NetworkPolicy()
+    allow = value.get("allow") if isinstance(value, dict) else None
+    if not isinstance(allow, list) or not all(isinstance(x, str) and len(x) < 300 for x in allow):
+        raise Unprocessable('network must be "none" or {"allow": ["HOST:PORT", ...]}')
+    if len(allow) > MAX_NETWORK_ENTRIES:
+        raise Unprocessable(f"network.allow has more than {MAX_NETWORK_ENTRIES} entries")
+    try:
+        return NetworkPolicy.parse(allow)
+    except PolicyError as e:
+        raise Unprocessable(f"network.allow: {e}") from None
 
 
 class ExecRequest:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from ..config import MiB, Settings
+from ..egress.proxy import EgressProxy
 from .base import ExecResult, OnEvent, ToolCall
 from .managed import Limits
 
@@ -64,6 +65,7 @@ class Backend(ABC):
 
     name: ClassVar[str]
     claims: ClassVar[frozenset[str]]
+    egress_proxy: EgressProxy | None = None  # how its sandboxes reach the network, if at all
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

@@ -18,6 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..config import Settings
+from ..egress import sandboxing as egress
+from ..egress.config import EgressConfig, build_proxy
+from ..egress.proxy import SOCKET_NAME, EgressProxy
 from ..errors import IsolationUnavailable
 from . import cgroups, disk
 from .backend import (
@@ -63,11 +66,11 @@ exec env -i "$@"
 
 @functools.cache
 def inside_code() -> dict[str, bytes]:
-    """The in-sandbox package's source files, by path relative to it (read once)."""
+    """The in-sandbox package's files (sources, the pip wrapper), by path relative to it."""
     return {
         str(path.relative_to(INSIDE_DIR)): path.read_bytes()
-        for path in sorted(INSIDE_DIR.rglob("*.py"))
-        if "__pycache__" not in path.parts
+        for path in sorted(INSIDE_DIR.rglob("*"))
+        if "__pycache__" not in path.parts and path.is_file()
     }
 
 
@@ -108,8 +111,10 @@ class BwrapSandbox(ManagedSandbox):
         limits: Limits,
         preimport: bool,
         seccomp_program: bytes,
+        egress_proxy: EgressProxy | None = None,
     ) -> None:
         super().__init__(sandbox_id, limits, preimport)
+        self.egress_proxy = egress_proxy
         self.dir = base_dir / sandbox_id
         self.runtime_dir = runtime_dir
         self.uids = uids
@@ -131,6 +136,8 @@ class BwrapSandbox(ManagedSandbox):
         self.uid = self.uids.claim()
         self.root_policy = (self.uid, self.uid, 0o700)
         await asyncio.to_thread(self._acquire_sync)
+        if self.egress_proxy is not None:
+            await self.egress_proxy.open(self.id, self.dir / "egress", self.uid)
 
     def _acquire_sync(self) -> None:
         self.dir.mkdir(mode=0o711, parents=True)
@@ -184,6 +191,7 @@ class BwrapSandbox(ManagedSandbox):
             "OPENBLAS_NUM_THREADS": str(max(1, int(lim.cpus))),
             "OMP_NUM_THREADS": str(max(1, int(lim.cpus))),
         }
+        self._egress_env(env)
         argv = [
             "--unshare-all", "--unshare-user", "--disable-userns",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL",
@@ -201,17 +209,32 @@ class BwrapSandbox(ManagedSandbox):
         for dest in sorted({str(Path(d).parent) for d in files}):
             argv += ["--dir", dest]
         for dest, fd in files.items():
-            argv += ["--perms", "0444", "--file", str(fd), dest]
+            perms = "0555" if "/bin/" in dest else "0444"  # the pip wrapper runs
+            argv += ["--perms", perms, "--file", str(fd), dest]
         argv += [
             "--proc", "/proc", "--dev", "/dev",
             "--size", str(lim.tmp_bytes), "--tmpfs", "/tmp",
             "--bind", str(self.workspace), "/workspace",
             "--ro-bind", str(self.runtime_dir), RUNTIME_MOUNT,
+            *self._egress_binds(),
             "--remount-ro", "/",
             "--chdir", "/workspace",
             "--seccomp", str(seccomp_fd),
         ]  # fmt: skip
         return argv
+
+    def _egress_env(self, env: dict[str, str]) -> None:
+        """pip's settings always; the proxy's variables when this server has egress at all."""
+        on = self.egress_proxy is not None
+        env["PATH"] = f"{egress.INSIDE_BIN}:{env['PATH']}"
+        env.update(egress.pip_env(network=on))
+        if on:
+            env.update(egress.proxy_env(SOCKET_NAME))
+
+    def _egress_binds(self) -> list[str]:
+        if self.egress_proxy is None:
+            return []
+        return egress.bwrap_binds(self.dir / "egress")
 
     async def _launch(self) -> WorkerProcess:
         fds: list[int] = []
@@ -252,6 +275,8 @@ class BwrapSandbox(ManagedSandbox):
             return
         self._acquired = False
         try:
+            if self.egress_proxy is not None:
+                await self.egress_proxy.close_sandbox(self.id)
             await asyncio.to_thread(self._release_sync)
         finally:
             if self.uid:
@@ -289,6 +314,8 @@ class BwrapBackend(Backend):
         self.uids: UidAllocator | None = None
         self.seccomp = b""
         self.runtime_source = self.runtime_dir
+        # Sandboxes get a way out only when the operator allows some network (README).
+        self.egress_proxy = build_proxy(settings, EgressConfig.from_settings(settings))
         self._open: set[str] = set()  # sandboxes made and not yet given back
 
     def check(self) -> None:
@@ -359,6 +386,7 @@ class BwrapBackend(Backend):
             limits=self.limits,
             preimport=preimport,
             seccomp_program=self.seccomp,
+            egress_proxy=self.egress_proxy,
         )
         self._open.add(sandbox.id)
         sandbox.on_released = self._open.discard
@@ -369,6 +397,8 @@ class BwrapBackend(Backend):
         self._remove_unowned()
 
     async def close(self) -> None:
+        if self.egress_proxy is not None:
+            await self.egress_proxy.close()
         reap_orphans(WorkerProcess.spawned)
         await asyncio.to_thread(self._remove_unowned)  # nothing outlives the server's shutdown
         cgroups.remove_instance_dirs(self.instance)

@@ -11,6 +11,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..config import Settings
+from ..egress.config import EgressConfig
+from ..egress.policy import NetworkPolicy
 from ..errors import AtCapacity, SessionNotFound
 from .backend import Backend, Sandbox
 from .base import RC_TIMEOUT, ExecResult, OnEvent, ToolCall
@@ -33,6 +35,7 @@ class ExecSession:
     created_at: float = field(default_factory=time.time)
     last_activity_at: float = field(default_factory=time.time)
     inflight: int = 0
+    network: NetworkPolicy = field(default_factory=NetworkPolicy)  # what its code may reach
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # FIFO: calls run in arrival order
     open_files: set[OpenFile] = field(default_factory=set)  # closed when the session goes
 
@@ -53,6 +56,7 @@ class Runtime:
     def __init__(self, settings: Settings, backend: Backend | None = None) -> None:
         self.settings = settings
         self.backend = backend or backend_for(settings)
+        self.egress = EgressConfig.from_settings(settings)
         self.pool = WarmPool(self.backend, settings.pool_size, settings.pool_preimport)
         self._sessions: dict[str, ExecSession] = {}
         self._closing: set[asyncio.Task[None]] = set()
@@ -90,8 +94,13 @@ class Runtime:
         return min(requested or default, ceiling)
 
     async def create(
-        self, tenant: str, idle_timeout: int | None = None, max_lifetime: int | None = None
+        self,
+        tenant: str,
+        idle_timeout: int | None = None,
+        max_lifetime: int | None = None,
+        network: NetworkPolicy | None = None,
     ) -> ExecSession:
+        """A new session; `network` is a client's hint, clamped to the operator's ceiling."""
         if not self._accepting:
             raise AtCapacity("the server is shutting down", retry_after=30)
         s = self.settings
@@ -103,7 +112,10 @@ class Runtime:
             sandbox=sandbox,
             idle_timeout=self.clamp(idle_timeout, s.idle_timeout_default, s.idle_timeout_max),
             max_lifetime=self.clamp(max_lifetime, s.max_lifetime_default, s.max_lifetime_max),
+            network=self.egress.effective(network),
         )
+        if self.backend.egress_proxy is not None:
+            self.backend.egress_proxy.lease(sandbox.id, session.id, session.network)
         self._sessions[session.id] = session
         return session
 

@@ -16,6 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
+from ..egress.config import EgressConfig
 from .backend import INTERPRETERS, RUNTIME, Backend, new_sandbox_id
 from .bwrap import INSIDE_DIR
 from .channel import WorkerProcess
@@ -90,6 +91,8 @@ class UnisolatedBackend(Backend):
             "!!! SANDBANK_ISOLATION=none: sandboxes are NOT isolated. Code runs as this "
             "server's user with its file system and network. Development use only. !!!"
         )
+        if EgressConfig.from_settings(self.settings).enabled:
+            log.warning("egress policies are not enforced without isolation: code has the network")
 
     def new(self, preimport: bool) -> UnisolatedSandbox:
         return UnisolatedSandbox(

@@ -8,6 +8,7 @@ import stat
 from .protocol import display_name
 
 SCAN_LIMIT = 20000  # entries looked at per scan: a huge tree costs a bounded time
+SITE_DIR_NAME = ".site"  # the session's pip packages (egress): not files the code produced
 
 Signature = tuple[int, int, int]  # mtime_ns, size, inode
 
@@ -28,7 +29,8 @@ def scan(root: str) -> dict[str, Signature]:
             except OSError:
                 continue
             if stat.S_ISDIR(st.st_mode):
-                stack.append(path)
+                if path != SITE_DIR_NAME:
+                    stack.append(path)
             elif stat.S_ISREG(st.st_mode):
                 seen[path] = (st.st_mtime_ns, st.st_size, st.st_ino)
     return seen

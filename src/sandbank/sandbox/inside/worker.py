@@ -225,6 +225,10 @@ def preimport() -> None:
 def main() -> None:
     channel = Channel()
     os.chdir(WORKSPACE)
+    if os.environ.get("SANDBANK_SITE"):  # set only when this server has egress
+        from . import sandbank_egress
+
+        sandbank_egress.start()  # the session's site directory and the relay to the proxy
     sys.argv = [""]
     import sandbank_plotly  # plotly's `fig.show()` saves JSON files (a lazy import hook)
 
