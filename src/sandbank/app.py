@@ -23,6 +23,9 @@ from .execapi import openapi
 from .execapi.auth import TokenAuth, load_tokens
 from .execapi.routes import ExecApi
 from .files import ObjectStore, open_object_store
+from .fleet.front import Fleet, FrontApi
+from .fleet.node import FleetGate, NodeControl, node_settings
+from .fleet.sandboxes import FleetSandboxes
 from .http import EXCEPTION_HANDLERS, HostAllowList
 from .interpreter.files import SessionFiles
 from .interpreter.identity import Identity
@@ -75,10 +78,25 @@ class Parts:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.runtime = Runtime(settings)
-        tokens = load_tokens(settings)
-        check_exposure(settings, tokens)
-        self.exec_api = ExecApi(self.runtime, TokenAuth(tokens))
+        # The fleet roles (src/sandbank/fleet): a node serves its runtime to the fronts alone;
+        # a front has no runtime and proxies to the nodes.
+        self.node: NodeControl | None = None
+        self.fleet: Fleet | None = None
+        self.runtime: Runtime | None = None
+        self.exec_api: ExecApi | FrontApi
+        if settings.role == "front":
+            tokens = load_tokens(settings)
+            check_exposure(settings, tokens)
+            self.fleet = Fleet(settings)
+            self.exec_api = FrontApi(self.fleet, TokenAuth(tokens).tenant)
+        else:
+            self.runtime = Runtime(settings)
+            tokens = [] if settings.role == "node" else load_tokens(settings)
+            if settings.role == "node":
+                self.node = NodeControl(settings, self.runtime)
+            else:
+                check_exposure(settings, tokens)
+            self.exec_api = ExecApi(self.runtime, TokenAuth(tokens))
         self.interpreter_api = InterpreterApi(settings.message_max_chars)
         # Opened in `start` (they need the event loop):
         self.store: Store | None = None
@@ -90,7 +108,10 @@ class Parts:
         self._shutdown: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        await self.runtime.start()
+        if self.runtime is not None:
+            await self.runtime.start()
+        if self.fleet is not None:
+            await self.fleet.start()
         if self.settings.interpreter_api == "on":
             await self._start_interpreter()
 
@@ -101,7 +122,13 @@ class Parts:
         if failed:
             log.warning("%d run(s) ended by the restart were marked ERROR", len(failed))
         self.objects = objects = await open_object_store(s)
-        self.sandboxes = sandboxes = open_sandboxes(s, self.runtime)
+        sandboxes: Sandboxes
+        if self.fleet is not None:
+            sandboxes = FleetSandboxes(s, self.fleet)
+        else:
+            assert self.runtime is not None
+            sandboxes = open_sandboxes(s, self.runtime)
+        self.sandboxes = sandboxes
         await sandboxes.start()
         self.model = build_model(s)
         files = SessionFiles(store, objects, s)
@@ -116,10 +143,20 @@ class Parts:
             self._shutdown = asyncio.get_running_loop().create_task(self._shut_down())
         return self._shutdown
 
+    async def before_exit(self) -> None:
+        """On SIGTERM, before anything stops: a node drains; a front keeps serving for a
+        while with its /health at 503, so load balancers stop sending to it first."""
+        if self.node is not None:
+            await self.node.drain()
+        if self.fleet is not None:
+            self.fleet.terminating = True
+            await asyncio.sleep(self.settings.shutdown_delay_seconds)
+
     async def _shut_down(self) -> None:
         if self.interpreter is not None:
             await self.interpreter.shutdown()
-        await self.runtime.shutdown()
+        if self.runtime is not None:
+            await self.runtime.shutdown()
 
     async def stop(self) -> None:
         await self.begin_shutdown()
@@ -135,6 +172,8 @@ class Parts:
             await self.objects.close()
         if self.store is not None:
             await self.store.close()
+        if self.fleet is not None:
+            await self.fleet.close()
 
 
 def _cors(settings: Settings) -> list[Middleware]:
@@ -154,6 +193,8 @@ def _cors(settings: Settings) -> list[Middleware]:
 
 
 def create_app(settings: Settings) -> Starlette:
+    if settings.role == "node":
+        settings = node_settings(settings)
     parts = Parts(settings)
     routes: list[BaseRoute] = []
     if settings.interpreter_api == "on":
@@ -167,6 +208,11 @@ def create_app(settings: Settings) -> Starlette:
         routes.append(Route("/health", parts.exec_api.health, methods=["GET"]))
     if settings.web_ui == "on" and settings.interpreter_api == "on":
         routes += site(settings)
+    middleware = [Middleware(HostAllowList, allowed=settings.allowed_hosts.split(","))]
+    if parts.node is not None:
+        routes += parts.node.routes()
+        token = settings.fleet_token.get_secret_value()
+        middleware.append(Middleware(FleetGate, token=token, control=parts.node))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -178,7 +224,7 @@ def create_app(settings: Settings) -> Starlette:
 
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(HostAllowList, allowed=settings.allowed_hosts.split(","))],
+        middleware=middleware,
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )

@@ -19,8 +19,16 @@ class MainServer(uvicorn.Server):
         super().__init__(config)
         self.parts = parts
         self.peers = peers
+        self.exiting = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit and not self.exiting:
+            # A fleet node drains and a front lets load balancers notice first (fleet/);
+            # a second signal does not wait.
+            self.exiting = True
+            task = asyncio.get_running_loop().create_task(self.parts.before_exit())
+            task.add_done_callback(lambda _: self.handle_exit(sig, frame))
+            return
         if not self.should_exit:
             # Running turns end ERROR first; then destroying the sessions answers in-flight
             # calls, so uvicorn's graceful wait for open requests ends promptly.

@@ -1,0 +1,130 @@
+"""The node role: the runtime's code-execution API for the fronts alone, capacity and drain."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import socket
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .. import __version__
+from ..config import Settings
+from ..errors import SandbankError
+from ..sandbox.sessions import Runtime
+
+log = logging.getLogger(__name__)
+OPEN_PATHS = {"/health"}  # kubelet probes carry no secret; it tells nothing but "alive"
+
+
+def node_settings(settings: Settings) -> Settings:
+    """A node serves the code-execution API only; the fleet token, not the Host, guards it."""
+    if not settings.fleet_token.get_secret_value():
+        raise SandbankError("a node needs SANDBANK_FLEET_TOKEN (the same on fronts and nodes)")
+    return settings.model_copy(
+        update={"interpreter_api": "off", "web_ui": "off", "exec_api": "on", "allowed_hosts": "*"}
+    )
+
+
+def node_name(settings: Settings) -> str:
+    return settings.fleet_node_name or socket.gethostname().split(".")[0].lower()
+
+
+def memory_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class NodeControl:
+    """Capacity reports for the fronts, and the drain (SIGTERM or `POST /fleet/drain`)."""
+
+    def __init__(self, settings: Settings, runtime: Runtime) -> None:
+        self.settings = settings
+        self.runtime = runtime
+        self.name = node_name(settings)
+        self.draining = False
+        self._drained: asyncio.Task[None] | None = None
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/fleet/capacity", self.capacity, methods=["GET"]),
+            Route("/fleet/drain", self.drain_route, methods=["POST"]),
+        ]
+
+    def report(self) -> dict[str, object]:
+        sessions = self.runtime.sessions()
+        return {
+            "name": self.name,
+            "version": __version__,
+            "sessions": len(sessions),
+            "max_sessions": self.settings.max_sessions,
+            "idle": sum(1 for s in sessions if s.inflight == 0),
+            "inflight": sum(s.inflight for s in sessions),
+            "memory_available_bytes": memory_available(),
+            "memory_per_session_bytes": self.settings.memory_limit_mb * 1024 * 1024,
+            "draining": self.draining,
+        }
+
+    async def capacity(self, request: Request) -> Response:
+        return JSONResponse(self.report())
+
+    async def drain_route(self, request: Request) -> Response:
+        self.drain()
+        return JSONResponse(self.report(), status_code=202)
+
+    def drain(self) -> asyncio.Task[None]:
+        """Take no new sessions; done when no call runs or the grace period is over."""
+        if self._drained is None:
+            self.draining = True
+            log.info("draining: no new sessions; waiting for running calls")
+            self._drained = asyncio.get_running_loop().create_task(self._wait_calls())
+        return self._drained
+
+    async def _wait_calls(self) -> None:
+        deadline = time.monotonic() + self.settings.fleet_drain_grace_seconds
+        while time.monotonic() < deadline:
+            if not any(s.inflight for s in self.runtime.sessions()):
+                return
+            await asyncio.sleep(0.05)
+        log.warning("drain grace over with calls still running: they end with a result")
+
+
+class FleetGate:
+    """Every request but /health must carry the fleet token; a draining node takes no session."""
+
+    def __init__(self, app: ASGIApp, token: str, control: NodeControl) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+        self.control = control
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = b""
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                given = value
+        if not hmac.compare_digest(given, self.expected):
+            response: Response = JSONResponse(
+                {"detail": "this is a fleet node: only the fleet's fronts may call it"}, 401
+            )
+        elif self.control.draining and scope["path"] == "/sessions" and scope["method"] == "POST":
+            response = JSONResponse(
+                {"detail": "this node is draining"}, 503, headers={"Retry-After": "1"}
+            )
+        else:
+            await self.app(scope, receive, send)
+            return
+        await response(scope, receive, send)
