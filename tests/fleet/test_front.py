@@ -1,0 +1,155 @@
+"""A fleet on loopback (two nodes, one front, real processes): routing, tokens, drain, loss."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fleet.support import TOKEN, LoopbackFleet, tmpdir
+
+CODE = {"tool": "code_execution", "input": {"code": "print(6 * 7)"}}
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[LoopbackFleet]:
+    with tmpdir() as root:
+        f = LoopbackFleet(root, nodes=2, fleet_drain_grace_seconds=20).start()
+        try:
+            yield f
+        finally:
+            f.stop()
+
+
+@pytest.fixture
+def client(fleet: LoopbackFleet) -> Iterator[httpx.Client]:
+    with fleet.client() as c:
+        yield c
+
+
+def create(client: httpx.Client) -> str:
+    r = client.post("/sessions", json={})
+    assert r.status_code == 201, r.text
+    sid: str = r.json()["session_id"]
+    return sid
+
+
+def node_of(session_id: str) -> str:
+    return session_id.split(".")[0]
+
+
+def test_a_node_answers_only_the_fleet_token(fleet: LoopbackFleet) -> None:
+    url = fleet.nodes["node-0"].base_url
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": TOKEN}):
+        assert httpx.post(f"{url}/sessions", json={}, headers=headers).status_code == 401
+        assert httpx.get(f"{url}/fleet/capacity", headers=headers).status_code == 401
+    assert httpx.get(f"{url}/health").status_code == 200  # kubelet probes carry no secret
+    report = httpx.get(f"{url}/fleet/capacity", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    assert report["name"] == "node-0" and report["max_sessions"] == 6
+    assert report["draining"] is False and report["memory_available_bytes"] > 0
+
+
+def test_sessions_spread_across_nodes_and_each_call_reaches_its_node(
+    client: httpx.Client,
+) -> None:
+    sids = [create(client) for _ in range(6)]
+    assert {node_of(s) for s in sids} == {"node-0", "node-1"}
+    for sid in sids:
+        r = client.post(f"/sessions/{sid}/exec", json={**CODE, "input": {"code": f"x = {sid!r}"}})
+        assert r.status_code == 200
+    for sid in sids:  # each session's state is where its id says
+        r = client.post(f"/sessions/{sid}/exec", json={**CODE, "input": {"code": "print(x)"}})
+        assert r.json()["result_block"]["content"]["stdout"] == f"{sid}\n"
+        assert client.delete(f"/sessions/{sid}").status_code == 204
+
+
+def test_a_forged_or_altered_session_id_is_refused(client: httpx.Client) -> None:
+    sid = create(client)
+    node, local, mac = sid.split(".")
+    other = "node-1" if node == "node-0" else "node-0"
+    for bad in (
+        f"{other}.{local}.{mac}",
+        f"{node}.{local}.AAAA{mac[4:]}",
+        f"{node}.{local}",
+        local,
+    ):
+        r = client.post(f"/sessions/{bad}/exec", json=CODE)
+        assert r.status_code == 404 and "no session" in r.json()["detail"], bad
+        assert client.get(f"/sessions/{bad}/files/list").status_code == 404
+        assert client.delete(f"/sessions/{bad}").status_code == 204
+    assert client.post(f"/sessions/{sid}/exec", json=CODE).status_code == 200  # untouched
+    client.delete(f"/sessions/{sid}")
+
+
+def test_a_file_streams_through_the_front_both_ways(client: httpx.Client) -> None:
+    sid = create(client)
+    blob = bytes(range(256)) * 4096  # 1 MiB
+
+    r = client.post(f"/sessions/{sid}/files", files={"file": ("b.bin", blob)}, data={"path": "b"})
+    assert r.status_code == 201 and r.json()["size_bytes"] == len(blob)
+    with client.stream("GET", f"/sessions/{sid}/files", params={"path": "b"}) as r:
+        got = b"".join(r.iter_bytes())
+        assert r.headers["x-content-type-options"] == "nosniff"
+    assert got == blob
+    client.delete(f"/sessions/{sid}")
+
+
+def test_a_draining_node_finishes_its_calls_and_takes_no_new_session(
+    fleet: LoopbackFleet, client: httpx.Client
+) -> None:
+    sids = [create(client) for _ in range(4)]
+    on_0 = next(s for s in sids if node_of(s) == "node-0")
+    out: dict[str, Any] = {}
+
+    def long_call() -> None:
+        with fleet.client() as c:
+            out["r"] = c.post(
+                f"/sessions/{on_0}/exec",
+                json={
+                    "tool": "code_execution",
+                    "input": {"code": "import time; time.sleep(2); print('done')"},
+                },
+            )
+
+    t = threading.Thread(target=long_call)
+    t.start()
+    time.sleep(0.5)
+    node0 = fleet.nodes["node-0"]
+    assert node0.proc is not None
+    node0.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    placed = [create(client) for _ in range(4)]
+    assert {node_of(s) for s in placed} == {"node-1"}
+    t.join(15)
+    assert out["r"].status_code == 200
+    assert out["r"].json()["result_block"]["content"]["stdout"] == "done\n"
+    # Then it ends its sessions and exits (uvicorn re-raises the signal it caught).
+    assert node0.proc.wait(15) in (0, -signal.SIGTERM)
+    for sid in sids + placed:
+        client.delete(f"/sessions/{sid}")
+
+
+def test_a_killed_node_answers_gone_at_once_and_new_sessions_go_elsewhere(
+    fleet: LoopbackFleet, client: httpx.Client
+) -> None:
+    # Runs after the drain: node-0 has exited, node-1 holds everything.
+    sid = create(client)
+    assert node_of(sid) == "node-1"
+    node1 = fleet.nodes["node-1"]
+    assert node1.proc is not None
+    node1.proc.kill()
+    node1.proc.wait()
+    t0 = time.monotonic()
+    r = client.post(f"/sessions/{sid}/exec", json=CODE)
+    assert time.monotonic() - t0 < 2
+    assert r.status_code == 404 and "machine holding it (node-1)" in r.json()["detail"]
+    assert client.get(f"/sessions/{sid}/files/list").status_code == 404
+    assert client.delete(f"/sessions/{sid}").status_code == 204
+    r = client.post("/sessions", json={})  # nowhere left to place it
+    assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
+    assert client.get("/health").json()["nodes_up"] == 0
