@@ -39,7 +39,7 @@ def front(data: Path, nodes: list[tuple[str, str]], **overrides: Any) -> Server:
 
 
 @contextlib.contextmanager
-def tmpdir() -> Iterator[Path]:
+def scratch_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="sandbank-fleet-"))
     path.chmod(0o711)
     try:

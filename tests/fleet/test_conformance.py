@@ -11,7 +11,7 @@ import yaml
 
 import tests.execapi.test_conformance as single_server
 from tests.execapi.conftest import SPEC_PATH, client, contract, session_id
-from tests.fleet.support import LoopbackFleet, tmpdir
+from tests.fleet.support import LoopbackFleet, scratch_dir
 
 __all__ = ["client", "contract", "session_id"]  # the suite's fixtures, used here too
 
@@ -24,7 +24,7 @@ globals().update(
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LoopbackFleet]:
-    with tmpdir() as root:
+    with scratch_dir() as root:
         fleet = LoopbackFleet(root, nodes=2).start()
         try:
             yield fleet

@@ -11,14 +11,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fleet.support import TOKEN, LoopbackFleet, tmpdir
+from tests.fleet.support import TOKEN, LoopbackFleet, scratch_dir
 
 CODE = {"tool": "code_execution", "input": {"code": "print(6 * 7)"}}
 
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[LoopbackFleet]:
-    with tmpdir() as root:
+    with scratch_dir() as root:
         f = LoopbackFleet(root, nodes=2, fleet_drain_grace_seconds=20).start()
         try:
             yield f
