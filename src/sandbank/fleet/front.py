@@ -9,11 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
 import httpx
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -26,6 +24,7 @@ from ..errors import (
     SandboxError,
     SessionNotFound,
 )
+from .client import NodeClient, NodeResponse, TransportFailed
 from .ids import SessionIds
 from .membership import Member, Membership
 from .placement import choose
@@ -33,6 +32,7 @@ from .placement import choose
 log = logging.getLogger(__name__)
 HTTP_SLACK_S = 15.0  # a node answers a call by its deadline + 5 s; this covers the trip too
 CREATE_BODY_MAX = 64 * 1024
+MAX_EXEC_BODY = 16 * 1024 * 1024
 PLACEMENT_TRIES = 3
 # What passes from a client to a node, and back.
 REQUEST_HEADERS = ("content-type", "content-length", "accept")
@@ -51,44 +51,70 @@ class NodeGone(Exception):
     """The transport to a node failed: it crashed, restarted or is cut off."""
 
 
+Body = bytes | AsyncIterator[bytes] | None
+
+
 class Fleet:
-    """A front's view of the fleet: the membership, the HTTP client to nodes, the id signer."""
+    """A front's view of the fleet: the membership, connections to nodes, the id signer."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        # httpx logs every request at INFO: one line per proxied call is noise, not news.
+        # httpx logs every request at INFO: one line per health check is noise, not news.
         logging.getLogger("httpx").setLevel(logging.WARNING)
         self.token = settings.fleet_token.get_secret_value()
         if not self.token:
             raise SandbankError("a front needs SANDBANK_FLEET_TOKEN (the same on fronts and nodes)")
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(
-                settings.exec_timeout_max + HTTP_SLACK_S,
-                connect=settings.fleet_connect_timeout_seconds,
-            ),
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+        # Health checks and capacity reports (off the hot path).
+        self.probes = httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.fleet_connect_timeout_seconds)
         )
-        self.membership = Membership(settings, self.client)
+        self.membership = Membership(settings, self.probes)
         self.ids = SessionIds(self.token)
         self.rng = random.Random()  # noqa: S311 - spreading load, not a secret
         self.terminating = False
+        self.call_timeout = settings.exec_timeout_max + HTTP_SLACK_S
+        self._clients: dict[str, NodeClient] = {}
+        self._auth = f"Bearer {self.token}"
 
     async def start(self) -> None:
         await self.membership.start()
 
     async def close(self) -> None:
         await self.membership.close()
-        await self.client.aclose()
+        await self.probes.aclose()
+        for client in self._clients.values():
+            client.close()
 
-    async def send(self, member: Member, request: httpx.Request, stream: bool) -> httpx.Response:
+    def _client(self, member: Member) -> NodeClient:
+        client = self._clients.get(member.url)
+        if client is None:
+            client = NodeClient(member.url, self.settings.fleet_connect_timeout_seconds)
+            self._clients[member.url] = client
+        return client
+
+    async def send(
+        self,
+        member: Member,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: Body = None,
+        stream: bool = False,
+    ) -> NodeResponse:
         """Send to a node; `NodeGone` as soon as the transport fails or the node is declared out."""
         if not member.up:
             raise NodeGone
-        request.headers["authorization"] = f"Bearer {self.token}"
+        headers["authorization"] = self._auth
+        call = asyncio.ensure_future(
+            self._client(member).request(method, target, headers, body, stream)
+        )
         lost = member.lost
-        call = asyncio.ensure_future(self.client.send(request, stream=stream))
         try:
-            await asyncio.wait((call, lost), return_when=asyncio.FIRST_COMPLETED)
+            async with asyncio.timeout(self.call_timeout):
+                await asyncio.wait((call, lost), return_when=asyncio.FIRST_COMPLETED)
+        except TimeoutError:
+            call.cancel()
+            raise SandboxError(f"fleet node {member.name} did not answer in time") from None
         except asyncio.CancelledError:
             call.cancel()
             raise
@@ -97,10 +123,8 @@ class Fleet:
             raise NodeGone
         try:
             return call.result()
-        except (httpx.TransportError, httpx.PoolTimeout) as e:
-            if isinstance(e, httpx.ReadTimeout):
-                raise SandboxError(f"fleet node {member.name} did not answer in time") from None
-            self.membership.suspect(member, e.__class__.__name__)
+        except TransportFailed as e:
+            self.membership.suspect(member, str(e))
             raise NodeGone from None
 
 
@@ -123,9 +147,9 @@ class FrontApi:
             Route("/sessions", self.create_session, methods=["POST"]),
             Route("/sessions/{session_id}", self.destroy_session, methods=["DELETE"]),
             Route("/sessions/{session_id}/exec", self.execute, methods=["POST"]),
-            Route("/sessions/{session_id}/files/list", self.forward, methods=["GET"]),
+            Route("/sessions/{session_id}/files/list", self.list_files, methods=["GET"]),
             Route("/sessions/{session_id}/files", self.get_file, methods=["GET"]),
-            Route("/sessions/{session_id}/files", self.forward, methods=["POST"]),
+            Route("/sessions/{session_id}/files", self.put_file, methods=["POST"]),
             Route("/health", self.health, methods=["GET"]),
         ]
 
@@ -140,25 +164,19 @@ class FrontApi:
             raise gone(public, name)
         return public, member, local
 
-    def _upstream(
-        self, request: Request, member: Member, path: str, content: Any = None
-    ) -> httpx.Request:
-        headers = {k: v for k in REQUEST_HEADERS if (v := request.headers.get(k)) is not None}
-        return self.fleet.client.build_request(
-            request.method,
-            member.url + path,
-            params=request.url.query,
-            headers=headers,
-            content=content,
-        )
+    def _headers(self, request: Request) -> dict[str, str]:
+        return {k: v for k in REQUEST_HEADERS if (v := request.headers.get(k)) is not None}
+
+    @staticmethod
+    def _target(path: str, request: Request) -> str:
+        query = request.url.query
+        return f"{path}?{query}" if query else path
 
     async def create_session(self, request: Request) -> Response:
         tenant = self.tenant(request.headers.get("authorization"))
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > CREATE_BODY_MAX:
-                raise PayloadTooLarge("the request body is too large")
+        body = await read_body(request, CREATE_BODY_MAX)
+        headers = self._headers(request)
+        headers.pop("content-length", None)
         tried: set[str] = set()
         fleet = self.fleet
         for _ in range(PLACEMENT_TRIES):
@@ -166,14 +184,13 @@ class FrontApi:
             if member is None:
                 break
             tried.add(member.name)
-            upstream = self._upstream(request, member, "/sessions", bytes(body))
             try:
-                r = await fleet.send(member, upstream, stream=False)
+                r = await fleet.send(member, "POST", "/sessions", dict(headers), body)
             except NodeGone:
                 continue
-            if r.status_code == 503:
+            if r.status == 503:
                 continue  # full or draining since its last report: another node may take it
-            if r.status_code != 201:
+            if r.status != 201:
                 return _copy(r)
             handle = r.json()
             handle["session_id"] = fleet.ids.sign(tenant, member.name, handle["session_id"])
@@ -184,26 +201,40 @@ class FrontApi:
     async def destroy_session(self, request: Request) -> Response:
         try:
             _, member, local = self._route(request)
-            await self.fleet.send(
-                member, self._upstream(request, member, f"/sessions/{local}"), False
-            )
+            await self.fleet.send(member, "DELETE", f"/sessions/{local}", {})
         except (SessionNotFound, NodeGone):
             pass  # already gone: the desired state
         return Response(status_code=204)
 
     async def execute(self, request: Request) -> Response:
-        return await self.forward(request, suffix="/exec")
-
-    async def forward(self, request: Request, suffix: str | None = None) -> Response:
-        """A call whose answer is small: sent on, read whole, passed back."""
         public, member, local = self._route(request)
-        if suffix is None:
-            suffix = request.url.path.removeprefix("/sessions/").partition("/")[2]
-            suffix = "/" + suffix
-        body = request.stream() if request.method == "POST" else None
-        upstream = self._upstream(request, member, f"/sessions/{local}{suffix}", body)
+        # Read whole (the node caps it at 16 MiB too), so a stale pooled connection can resend.
+        body = await read_body(request, MAX_EXEC_BODY)
+        headers = self._headers(request)
+        headers.pop("content-length", None)
         try:
-            r = await self.fleet.send(member, upstream, stream=False)
+            r = await self.fleet.send(member, "POST", f"/sessions/{local}/exec", headers, body)
+        except NodeGone:
+            raise gone(public, member.name) from None
+        return _copy(r)
+
+    async def list_files(self, request: Request) -> Response:
+        public, member, local = self._route(request)
+        target = self._target(f"/sessions/{local}/files/list", request)
+        try:
+            r = await self.fleet.send(member, "GET", target, self._headers(request))
+        except NodeGone:
+            raise gone(public, member.name) from None
+        return _copy(r)
+
+    async def put_file(self, request: Request) -> Response:
+        """The upload streams through to the node, never held whole."""
+        public, member, local = self._route(request)
+        target = self._target(f"/sessions/{local}/files", request)
+        try:
+            r = await self.fleet.send(
+                member, "POST", target, self._headers(request), request.stream()
+            )
         except NodeGone:
             raise gone(public, member.name) from None
         return _copy(r)
@@ -211,17 +242,13 @@ class FrontApi:
     async def get_file(self, request: Request) -> Response:
         """A file's bytes stream from the node to the client, never held whole."""
         public, member, local = self._route(request)
-        upstream = self._upstream(request, member, f"/sessions/{local}/files")
+        target = self._target(f"/sessions/{local}/files", request)
         try:
-            r = await self.fleet.send(member, upstream, stream=True)
+            r = await self.fleet.send(member, "GET", target, self._headers(request), stream=True)
         except NodeGone:
             raise gone(public, member.name) from None
-        return StreamingResponse(
-            r.aiter_raw(),
-            status_code=r.status_code,
-            headers=_headers(r),
-            background=BackgroundTask(r.aclose),
-        )
+        assert r.stream is not None
+        return StreamingResponse(r.stream, status_code=r.status, headers=_response_headers(r))
 
     async def health(self, request: Request) -> Response:
         if self.fleet.terminating:
@@ -232,9 +259,20 @@ class FrontApi:
         )
 
 
-def _headers(r: httpx.Response) -> dict[str, str]:
+def _response_headers(r: NodeResponse) -> dict[str, str]:
     return {k: v for k in RESPONSE_HEADERS if (v := r.headers.get(k)) is not None}
 
 
-def _copy(r: httpx.Response) -> Response:
-    return Response(r.content, status_code=r.status_code, headers=_headers(r))
+def _copy(r: NodeResponse) -> Response:
+    headers = _response_headers(r)
+    headers.pop("content-length", None)  # set again from the body
+    return Response(r.body, status_code=r.status, headers=headers)
+
+
+async def read_body(request: Request, cap: int) -> bytes:
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > cap:
+            raise PayloadTooLarge(f"the request body is larger than {cap} bytes")
+    return bytes(body)
