@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fleet.support import TOKEN, LoopbackFleet, scratch_dir
+from tests.fleet.support import TOKEN, LoopbackFleet, front, node, scratch_dir
 
 CODE = {"tool": "code_execution", "input": {"code": "print(6 * 7)"}}
 
@@ -153,3 +153,22 @@ def test_a_killed_node_answers_gone_at_once_and_new_sessions_go_elsewhere(
     r = client.post("/sessions", json={})  # nowhere left to place it
     assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
     assert client.get("/health").json()["nodes_up"] == 0
+
+
+def test_nodes_found_by_dns_are_named_by_their_own_reports() -> None:
+    with scratch_dir() as root:
+        (root / "n").mkdir(mode=0o711)
+        (root / "f").mkdir(mode=0o711)
+        n = node(root / "n", "dns-node-7", pool_size=0).start()
+        try:
+            # `localhost` stands in for a headless Service: its A record is the node.
+            f = front(root / "f", [], fleet_nodes="", fleet_dns=f"localhost:{n.port}").start()
+            try:
+                with f.client() as c:
+                    sid = create(c)
+                    assert node_of(sid) == "dns-node-7"
+                    assert c.post(f"/sessions/{sid}/exec", json=CODE).status_code == 200
+            finally:
+                f.stop()
+        finally:
+            n.stop()
