@@ -120,6 +120,15 @@ def fleet(pool: int) -> Iterator[tuple[list[Proc], list[Proc]]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def cpu_ms(pid: int) -> float:
+    """CPU time a process has run, all threads (schedstat: ns, unlike stat's 10 ms ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e6
+
+
 def node_client(url: str) -> Client:
     return Client(url, TOKEN)
 
@@ -135,15 +144,18 @@ def main() -> None:
         front = Client(fronts[2].url, None)
         # Warm Execute on one session, alternately through the front and straight to its node.
         via_front, direct = [], []
+        front_cpu = 0.0
         for _ in range(args.rounds):
             sid = front.create()
             name, local, _ = sid.split(".")
             node = node_client(nodes[int(name.rsplit("-", 1)[1])].url)
             front.execute(sid, "print(1)")
             for _ in range(25):
+                cpu0 = cpu_ms(fronts[2].proc.pid)
                 t0 = time.perf_counter()
                 front.execute(sid, "print(1)")
                 via_front.append(ms_since(t0))
+                front_cpu += cpu_ms(fronts[2].proc.pid) - cpu0
                 t0 = time.perf_counter()
                 node.execute(local, "print(1)")
                 direct.append(ms_since(t0))
@@ -169,6 +181,9 @@ def main() -> None:
         report(
             "  added by the front (paired)", [f - d for f, d in zip(via_front, direct, strict=True)]
         )
+        # CPU the front process spent per proxied call: what it adds on an idle machine, less
+        # one more loopback hop; unlike wall time, robust to other work on the machine.
+        print(f"{'  front CPU per warm call':<34} {front_cpu / len(via_front):8.3f} ms")
         report("CreateSession via the front", create_front)
         report("CreateSession straight to a node", create_direct)
 

@@ -105,27 +105,26 @@ class Fleet:
         if not member.up:
             raise NodeGone
         headers["authorization"] = self._auth
-        call = asyncio.ensure_future(
-            self._client(member).request(method, target, headers, body, stream)
-        )
-        lost = member.lost
+        task = asyncio.current_task()
+        assert task is not None
+        member.calls.add(task)
         try:
             async with asyncio.timeout(self.call_timeout):
-                await asyncio.wait((call, lost), return_when=asyncio.FIRST_COMPLETED)
+                return await self._client(member).request(method, target, headers, body, stream)
         except TimeoutError:
-            call.cancel()
             raise SandboxError(f"fleet node {member.name} did not answer in time") from None
         except asyncio.CancelledError:
-            call.cancel()
+            if task in member.lost_calls:  # cancelled by the membership: the node is out
+                member.lost_calls.discard(task)
+                task.uncancel()
+                raise NodeGone from None
             raise
-        if not call.done():
-            call.cancel()
-            raise NodeGone
-        try:
-            return call.result()
         except TransportFailed as e:
+            member.calls.discard(task)  # out of the calls the node's loss cancels
             self.membership.suspect(member, str(e))
             raise NodeGone from None
+        finally:
+            member.calls.discard(task)
 
 
 def gone(public_id: str, node: str) -> SessionNotFound:

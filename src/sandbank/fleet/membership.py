@@ -53,9 +53,9 @@ class Member:
     up: bool = False
     report: Report | None = None
     placed: int = 0  # sessions this front placed here since the last report
-    lost: asyncio.Future[None] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+    # Calls in flight to it, cancelled (and answered "gone") the moment it is declared out.
+    calls: set[asyncio.Task[Any]] = field(default_factory=set)
+    lost_calls: set[asyncio.Task[Any]] = field(default_factory=set)
     checked_at: float = 0.0
 
     def used(self) -> int:
@@ -124,8 +124,9 @@ class Membership:
         if member.up:
             log.warning("fleet node %s (%s) is out: %s", member.name, member.url, reason)
         member.up = False
-        if not member.lost.done():
-            member.lost.set_result(None)  # wakes the calls in flight to it
+        for task in member.calls:
+            member.lost_calls.add(task)
+            task.cancel()
 
     async def _forever(self) -> None:
         while True:
@@ -179,8 +180,6 @@ class Membership:
                 continue
             if not member.up:
                 log.info("fleet node %s (%s) is in", name, url)
-                if member.lost.done():
-                    member.lost = asyncio.get_running_loop().create_future()
             member.up, member.report, member.placed = True, report, 0
             member.checked_at = time.monotonic()
         for name in list(self.members):
