@@ -129,10 +129,13 @@ class NodeClient:
             head.append("transfer-encoding: chunked")
             chunked = True
         try:
-            conn.writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+            raw_head = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
             if isinstance(body, bytes):
-                conn.writer.write(body)
-            elif body is not None:
+                # One write, one system call: on loopback each send costs the peer's wake-up.
+                conn.writer.write(raw_head + body)
+            else:
+                conn.writer.write(raw_head)
+            if body is not None and not isinstance(body, bytes):
                 async for chunk in body:
                     if chunk:
                         conn.writer.write(
