@@ -155,19 +155,31 @@ def test_a_killed_node_answers_gone_at_once_and_new_sessions_go_elsewhere(
     assert client.get("/health").json()["nodes_up"] == 0
 
 
-def test_nodes_found_by_dns_are_named_by_their_own_reports() -> None:
+def test_dns_membership_and_tenants_through_a_front_with_exec_tokens() -> None:
     with scratch_dir() as root:
         (root / "n").mkdir(mode=0o711)
         (root / "f").mkdir(mode=0o711)
         n = node(root / "n", "dns-node-7", pool_size=0).start()
         try:
-            # `localhost` stands in for a headless Service: its A record is the node.
-            f = front(root / "f", [], fleet_nodes="", fleet_dns=f"localhost:{n.port}").start()
+            # `localhost` stands in for a headless Service: its A record is the node, which
+            # names itself in its report.
+            f = front(
+                root / "f", [], fleet_nodes="", fleet_dns=f"localhost:{n.port}",
+                exec_tokens="token-a,token-b",
+            ).start()  # fmt: skip
             try:
+                a = {"Authorization": "Bearer token-a"}
+                b = {"Authorization": "Bearer token-b"}
                 with f.client() as c:
-                    sid = create(c)
+                    assert c.post("/sessions", json={}).status_code == 401
+                    sid = c.post("/sessions", json={}, headers=a).json()["session_id"]
                     assert node_of(sid) == "dns-node-7"
-                    assert c.post(f"/sessions/{sid}/exec", json=CODE).status_code == 200
+                    assert c.post(f"/sessions/{sid}/exec", json=CODE, headers=a).status_code == 200
+                    # Another tenant's session does not exist for it, on any operation.
+                    assert c.post(f"/sessions/{sid}/exec", json=CODE, headers=b).status_code == 404
+                    assert c.get(f"/sessions/{sid}/files/list", headers=b).status_code == 404
+                    assert c.delete(f"/sessions/{sid}", headers=b).status_code == 204
+                    assert c.post(f"/sessions/{sid}/exec", json=CODE, headers=a).status_code == 200
             finally:
                 f.stop()
         finally:
