@@ -51,12 +51,18 @@ def scratch_dir() -> Iterator[Path]:
 class LoopbackFleet:
     """N nodes and one front, each a process of its own on a loopback port."""
 
-    def __init__(self, root: Path, nodes: int, **front_overrides: Any) -> None:
+    def __init__(
+        self,
+        root: Path,
+        nodes: int,
+        node_overrides: dict[str, Any] | None = None,
+        **front_overrides: Any,
+    ) -> None:
         self.nodes: dict[str, Server] = {}
         for i in range(nodes):
             d = root / f"node-{i}"
             d.mkdir(mode=0o711)
-            self.nodes[f"node-{i}"] = node(d, f"node-{i}")
+            self.nodes[f"node-{i}"] = node(d, f"node-{i}", **(node_overrides or {}))
         d = root / "front"
         d.mkdir(mode=0o711)
         self.front = front(d, [(n, s.base_url) for n, s in self.nodes.items()], **front_overrides)

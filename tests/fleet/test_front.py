@@ -19,7 +19,7 @@ CODE = {"tool": "code_execution", "input": {"code": "print(6 * 7)"}}
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[LoopbackFleet]:
     with scratch_dir() as root:
-        f = LoopbackFleet(root, nodes=2, fleet_drain_grace_seconds=20).start()
+        f = LoopbackFleet(root, nodes=2, node_overrides={"fleet_drain_grace_seconds": 4}).start()
         try:
             yield f
         finally:
@@ -37,6 +37,12 @@ def create(client: httpx.Client) -> str:
     assert r.status_code == 201, r.text
     sid: str = r.json()["session_id"]
     return sid
+
+
+def capacity(node_url: str) -> dict[str, Any]:
+    r = httpx.get(f"{node_url}/fleet/capacity", headers={"Authorization": f"Bearer {TOKEN}"})
+    report: dict[str, Any] = r.json()
+    return report
 
 
 def node_of(session_id: str) -> str:
@@ -102,33 +108,42 @@ def test_a_file_streams_through_the_front_both_ways(client: httpx.Client) -> Non
 def test_a_draining_node_finishes_its_calls_and_takes_no_new_session(
     fleet: LoopbackFleet, client: httpx.Client
 ) -> None:
-    sids = [create(client) for _ in range(4)]
-    on_0 = next(s for s in sids if node_of(s) == "node-0")
+    sids = [create(client) for _ in range(6)]
+    on_0 = [s for s in sids if node_of(s) == "node-0"][:2]
+    assert len(on_0) == 2
     out: dict[str, Any] = {}
 
-    def long_call() -> None:
+    def call(key: str, sid: str, code: str) -> None:
         with fleet.client() as c:
-            out["r"] = c.post(
-                f"/sessions/{on_0}/exec",
-                json={
-                    "tool": "code_execution",
-                    "input": {"code": "import time; time.sleep(2); print('done')"},
-                },
-            )
+            body = {"tool": "code_execution", "input": {"code": code}}
+            out[key] = c.post(f"/sessions/{sid}/exec", json=body)
 
-    t = threading.Thread(target=long_call)
-    t.start()
-    time.sleep(0.5)
+    calls = [
+        threading.Thread(
+            target=call, args=("short", on_0[0], "import time; time.sleep(2); print('done')")
+        ),
+        threading.Thread(target=call, args=("long", on_0[1], "import time; time.sleep(60)")),
+    ]
+    for t in calls:
+        t.start()
     node0 = fleet.nodes["node-0"]
+    deadline = time.monotonic() + 10
+    while capacity(node0.base_url)["inflight"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert node0.proc is not None
     node0.proc.send_signal(signal.SIGTERM)
     time.sleep(0.2)
     placed = [create(client) for _ in range(4)]
     assert {node_of(s) for s in placed} == {"node-1"}
-    t.join(15)
-    assert out["r"].status_code == 200
-    assert out["r"].json()["result_block"]["content"]["stdout"] == "done\n"
-    # Then it ends its sessions and exits (uvicorn re-raises the signal it caught).
+    for t in calls:
+        t.join(20)
+    # The call that ends within the grace (4 s) finishes; the one still running then ends
+    # with a result when the node ends its sessions.
+    assert out["short"].status_code == 200
+    assert out["short"].json()["result_block"]["content"]["stdout"] == "done\n"
+    assert out["long"].status_code == 200
+    assert out["long"].json()["result_block"]["content"]["return_code"] == 137
+    # Then it exits (uvicorn re-raises the signal it caught).
     assert node0.proc.wait(15) in (0, -signal.SIGTERM)
     for sid in sids + placed:
         client.delete(f"/sessions/{sid}")

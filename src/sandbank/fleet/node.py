@@ -54,6 +54,7 @@ class NodeControl:
         self.runtime = runtime
         self.name = node_name(settings)
         self.draining = False
+        self.closed = False  # drained: every session is about to end
         self._drained: asyncio.Task[None] | None = None
 
     def routes(self) -> list[Route]:
@@ -93,11 +94,15 @@ class NodeControl:
 
     async def _wait_calls(self) -> None:
         deadline = time.monotonic() + self.settings.fleet_drain_grace_seconds
-        while time.monotonic() < deadline:
-            if not any(s.inflight for s in self.runtime.sessions()):
-                return
-            await asyncio.sleep(0.05)
-        log.warning("drain grace over with calls still running: they end with a result")
+        try:
+            while time.monotonic() < deadline:
+                if not any(s.inflight for s in self.runtime.sessions()):
+                    return
+                await asyncio.sleep(0.05)
+            log.warning("drain grace over with calls still running: they end with a result")
+        finally:
+            # From here on the sessions are ending: a call arriving now must not start.
+            self.closed = True
 
 
 class FleetGate:
@@ -119,6 +124,11 @@ class FleetGate:
         if not hmac.compare_digest(given, self.expected):
             response: Response = JSONResponse(
                 {"detail": "this is a fleet node: only the fleet's fronts may call it"}, 401
+            )
+        elif self.control.closed and scope["path"].startswith("/sessions/"):
+            response = JSONResponse(
+                {"detail": "this node has drained and is shutting down: its sessions are gone"},
+                404,
             )
         elif self.control.draining and scope["path"] == "/sessions" and scope["method"] == "POST":
             response = JSONResponse(
