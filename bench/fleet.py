@@ -144,11 +144,12 @@ def main() -> None:
         front = Client(fronts[2].url, None)
         # Warm Execute on one session, alternately through the front and straight to its node.
         via_front, direct = [], []
-        front_cpu = 0.0
+        front_cpu = node_cpu = 0.0
         for _ in range(args.rounds):
             sid = front.create()
             name, local, _ = sid.split(".")
-            node = node_client(nodes[int(name.rsplit("-", 1)[1])].url)
+            holder = nodes[int(name.rsplit("-", 1)[1])]
+            node = node_client(holder.url)
             front.execute(sid, "print(1)")
             for _ in range(25):
                 cpu0 = cpu_ms(fronts[2].proc.pid)
@@ -156,9 +157,11 @@ def main() -> None:
                 front.execute(sid, "print(1)")
                 via_front.append(ms_since(t0))
                 front_cpu += cpu_ms(fronts[2].proc.pid) - cpu0
+                cpu0 = cpu_ms(holder.proc.pid)
                 t0 = time.perf_counter()
                 node.execute(local, "print(1)")
                 direct.append(ms_since(t0))
+                node_cpu += cpu_ms(holder.proc.pid) - cpu0
             front.destroy(sid)
         # CreateSession, alternately, with pauses so the warm pools refill.
         create_front, create_direct = [], []
@@ -184,6 +187,7 @@ def main() -> None:
         # CPU the front process spent per proxied call: what it adds on an idle machine, less
         # one more loopback hop; unlike wall time, robust to other work on the machine.
         print(f"{'  front CPU per warm call':<34} {front_cpu / len(via_front):8.3f} ms")
+        print(f"{'  node server CPU per warm call':<34} {node_cpu / len(direct):8.3f} ms")
         report("CreateSession via the front", create_front)
         report("CreateSession straight to a node", create_direct)
 
