@@ -329,7 +329,8 @@ class Settings(BaseSettings):
         1.0,
         gt=0,
         description="How often a front re-resolves its node list and asks each node for "
-        "its capacity (a health check; one failure takes a node out until it answers).",
+        "its capacity (a health check: one missed stops new sessions there, two in a row take "
+        "the node out, its sessions answered as gone, until it answers again).",
     )
     fleet_connect_timeout_seconds: float = Field(
         1.0,

@@ -17,6 +17,7 @@ from ..errors import SandbankError
 
 log = logging.getLogger(__name__)
 CAPACITY_PATH = "/fleet/capacity"
+MISSES_TO_LOSE = 2
 
 
 @dataclass(frozen=True)
@@ -57,13 +58,14 @@ class Member:
     calls: set[asyncio.Task[Any]] = field(default_factory=set)
     lost_calls: set[asyncio.Task[Any]] = field(default_factory=set)
     checked_at: float = 0.0
+    missed: int = 0  # health checks missed in a row
 
     def used(self) -> int:
         return (self.report.sessions if self.report else 0) + self.placed
 
     def accepting(self) -> bool:
         r = self.report
-        if not self.up or r is None or r.draining:
+        if not self.up or self.missed or r is None or r.draining:
             return False
         return self.used() < r.max_sessions or r.idle > self.placed
 
@@ -128,6 +130,13 @@ class Membership:
             member.lost_calls.add(task)
             task.cancel()
 
+    def _missed(self, member: Member) -> None:
+        """One missed check: no new sessions there; two in a row: out (a slow answer under
+        load is not a lost machine, but a cut-off one is out within two checks)."""
+        member.missed += 1
+        if member.missed >= MISSES_TO_LOSE or not member.up:
+            self._down(member, f"{member.missed} capacity reports missed")
+
     async def _forever(self) -> None:
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
@@ -164,7 +173,7 @@ class Membership:
                     # A DNS record that does not answer: whichever member had that address.
                     for m in self.members.values():
                         if m.url == url and m.name not in seen:
-                            self._down(m, "no capacity report")
+                            self._missed(m)
                             seen.add(m.name)
                     continue
                 name = report.name
@@ -176,11 +185,11 @@ class Membership:
                 member = self.members[name] = Member(name, url)
             member.url = url
             if report is None:
-                self._down(member, "no capacity report")
+                self._missed(member)
                 continue
             if not member.up:
                 log.info("fleet node %s (%s) is in", name, url)
-            member.up, member.report, member.placed = True, report, 0
+            member.up, member.report, member.placed, member.missed = True, report, 0, 0
             member.checked_at = time.monotonic()
         for name in list(self.members):
             if name not in seen:
