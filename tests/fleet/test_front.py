@@ -195,6 +195,14 @@ def test_dns_membership_and_tenants_through_a_front_with_exec_tokens() -> None:
                     assert c.get(f"/sessions/{sid}/files/list", headers=b).status_code == 404
                     assert c.delete(f"/sessions/{sid}", headers=b).status_code == 204
                     assert c.post(f"/sessions/{sid}/exec", json=CODE, headers=a).status_code == 200
+                    # The drain command: no new session anywhere (503); with no call running,
+                    # its sessions end at once.
+                    token = {"Authorization": f"Bearer {TOKEN}"}
+                    assert httpx.post(f"{n.base_url}/fleet/drain", headers=token).status_code == 202
+                    r = c.post("/sessions", json={}, headers=a)
+                    assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
+                    assert c.post(f"/sessions/{sid}/exec", json=CODE, headers=a).status_code == 404
+                    assert capacity(n.base_url)["sessions"] == 0
             finally:
                 f.stop()
         finally:

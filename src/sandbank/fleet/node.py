@@ -81,8 +81,15 @@ class NodeControl:
         return JSONResponse(self.report())
 
     async def drain_route(self, request: Request) -> Response:
-        self.drain()
+        """The drain command: as on SIGTERM, then the sessions end; the node stays up, empty."""
+        if self._drained is None:
+            task = self.drain()
+            task.add_done_callback(lambda _: self._end_sessions())
         return JSONResponse(self.report(), status_code=202)
+
+    def _end_sessions(self) -> None:
+        for session in self.runtime.sessions():
+            asyncio.get_running_loop().create_task(self.runtime.destroy(session.id, session.tenant))
 
     def drain(self) -> asyncio.Task[None]:
         """Take no new sessions; done when no call runs or the grace period is over."""
