@@ -27,11 +27,13 @@ def _b64(raw: bytes) -> str:
 class SessionIds:
     def __init__(self, fleet_token: str) -> None:
         # A key of its own, so the token itself is never used for two purposes.
-        self._key = hmac.new(fleet_token.encode(), b"sandbank fleet session ids", "sha256").digest()
+        key = hmac.new(fleet_token.encode(), b"sandbank fleet session ids", "sha256").digest()
+        self._keyed = hmac.new(key, digestmod=hashlib.sha256)  # copied per id: no key setup
 
     def _mac(self, tenant: str, node: str, local: str) -> str:
-        msg = f"{tenant}\0{node}\0{local}".encode()
-        return _b64(hmac.new(self._key, msg, hashlib.sha256).digest()[:MAC_BYTES])
+        mac = self._keyed.copy()
+        mac.update(f"{tenant}\0{node}\0{local}".encode())
+        return _b64(mac.digest()[:MAC_BYTES])
 
     def sign(self, tenant: str, node: str, local: str) -> str:
         if not NODE_NAME.match(node) or not LOCAL_ID.match(local):
