@@ -9,17 +9,21 @@ import itertools
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import httpx
 import pytest
 
+from tests.files.conftest import moto_endpoint  # noqa: F401 - a fixture, used by name
 from tests.fleet.netns import Bridge, NetnsNode
 from tests.fleet.support import NODE_LIMITS, TOKEN, scratch_dir
 from tests.interpreter.fake_llm import FakeLLM, fake_llm
 from tests.interpreter.harness import Client, Server, openai_env
+from tests.postgres import running_postgres
 from tests.support import TEST_LIMITS
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
@@ -28,7 +32,7 @@ CSV = b"name,value\na,1\nb,2\nc,39\n"
 
 
 class RealFleet:
-    def __init__(self, root: Path, bridge: Bridge, llm: FakeLLM) -> None:
+    def __init__(self, root: Path, bridge: Bridge, llm: FakeLLM, storage: dict[str, str]) -> None:
         self.bridge = bridge
         self.nodes: list[NetnsNode] = []
         for i, (ns, addr) in enumerate(zip(bridge.namespaces, bridge.addresses, strict=True)):
@@ -51,7 +55,8 @@ class RealFleet:
         }
         self.fronts = []
         for name, env in (
-            ("front-a", {**front_env, **openai_env(llm.url)}),  # with the interpreter API
+            # With the interpreter API, on PostgreSQL and S3.
+            ("front-a", {**front_env, **openai_env(llm.url), **storage}),
             ("front-b", {**front_env, "SANDBANK_INTERPRETER_API": "off"}),
         ):
             d = root / name
@@ -91,11 +96,33 @@ def llm() -> Iterator[FakeLLM]:
 
 
 @pytest.fixture(scope="module")
-def fleet(llm: FakeLLM) -> Iterator[RealFleet]:
+def storage(moto_endpoint: str) -> Iterator[dict[str, str]]:  # noqa: F811
+    """The suite's PostgreSQL and S3 (moto) servers, for the front with the interpreter API."""
+    bucket = f"sandbank-{uuid.uuid4().hex[:12]}"
+    boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).create_bucket(Bucket=bucket)
+    with running_postgres() as database_url:
+        yield {
+            "SANDBANK_DATABASE_URL": database_url,
+            "SANDBANK_STORAGE_URL": f"s3://{bucket}/objects",
+            "SANDBANK_S3_ENDPOINT_URL": moto_endpoint,
+            "SANDBANK_S3_REGION": "us-east-1",
+            "SANDBANK_S3_ACCESS_KEY_ID": "testing",
+            "SANDBANK_S3_SECRET_ACCESS_KEY": "testing",
+        }
+
+
+@pytest.fixture(scope="module")
+def fleet(llm: FakeLLM, storage: dict[str, str]) -> Iterator[RealFleet]:
     bridge = Bridge(3).create()
     try:
         with scratch_dir() as root:
-            f = RealFleet(root, bridge, llm)
+            f = RealFleet(root, bridge, llm, storage)
             try:
                 yield f.start()
             finally:
