@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,6 +77,10 @@ class LoopbackFleet:
     def stop(self) -> None:
         self.front.stop()
         for s in self.nodes.values():
+            if s.proc is not None and s.proc.returncode == -signal.SIGKILL:
+                # A node started on the data dir of a killed one removes what it left behind
+                # (cgroups, loop-mounted workspaces).
+                s.start()
             if s.proc is not None:
                 s.stop()
 
