@@ -168,6 +168,17 @@ def test_a_killed_node_answers_gone_at_once_and_new_sessions_go_elsewhere(
     r = client.post("/sessions", json={})  # nowhere left to place it
     assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
     assert client.get("/health").json()["nodes_up"] == 0
+    # The machine comes back under its name (a restarted pod): its old sessions stay gone.
+    node1.start()
+    deadline = time.monotonic() + 10
+    while client.get("/health").json()["nodes_up"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    r = client.post(f"/sessions/{sid}/exec", json=CODE)
+    assert r.status_code == 404 and "machine holding it (node-1) restarted" in r.json()["detail"]
+    again = create(client)
+    assert node_of(again) == "node-1"
+    assert client.post(f"/sessions/{again}/exec", json=CODE).status_code == 200
+    client.delete(f"/sessions/{again}")
 
 
 def test_dns_membership_and_tenants_through_a_front_with_exec_tokens() -> None:

@@ -36,7 +36,7 @@ def test_a_signed_id_routes_to_its_node_and_nothing_else_verifies() -> None:
 
 
 def report(sessions: int, max_sessions: int = 4, idle: int = 0, draining: bool = False) -> Report:
-    return Report("n", "0", sessions, max_sessions, idle, 0, 2**30, draining)
+    return Report("n", "i0", "0", sessions, max_sessions, idle, 0, 2**30, draining)
 
 
 def members(*reports: Report, up: bool = True) -> list[Member]:

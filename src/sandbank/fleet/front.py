@@ -27,6 +27,7 @@ from ..errors import (
 from .client import NodeClient, NodeResponse, TransportFailed
 from .ids import SessionIds
 from .membership import Member, Membership
+from .node import INSTANCE_HEADER, INSTANCE_LENGTH
 from .placement import choose
 
 log = logging.getLogger(__name__)
@@ -127,10 +128,12 @@ class Fleet:
             member.calls.discard(task)
 
 
-def gone(public_id: str, node: str) -> SessionNotFound:
+def gone(
+    public_id: str, node: str, why: str = "is unreachable (crashed or cut off)"
+) -> SessionNotFound:
     return SessionNotFound(
-        f"session {public_id!r} is gone: the machine holding it ({node}) is unreachable "
-        "(crashed, restarted or cut off) and its state is lost; create a new session"
+        f"session {public_id!r} is gone: the machine holding it ({node}) {why} "
+        "and its state is lost; create a new session"
     )
 
 
@@ -155,12 +158,15 @@ class FrontApi:
     def _route(self, request: Request) -> tuple[str, Member, str]:
         """(public id, its node, the node's own id); 404 for an id the fleet did not sign."""
         public = request.path_params["session_id"]
-        name, local = self.fleet.ids.verify(
+        name, tagged = self.fleet.ids.verify(
             self.tenant(request.headers.get("authorization")), public
         )
+        instance, local = tagged[:INSTANCE_LENGTH], tagged[INSTANCE_LENGTH:]
         member = self.fleet.membership.get(name)
         if member is None or not member.up:
             raise gone(public, name)
+        if member.instance and instance != member.instance:
+            raise gone(public, name, "restarted")
         return public, member, local
 
     def _headers(self, request: Request) -> dict[str, str]:
@@ -191,8 +197,13 @@ class FrontApi:
                 continue  # full or draining since its last report: another node may take it
             if r.status != 201:
                 return _copy(r)
+            instance = r.headers.get(INSTANCE_HEADER.decode(), "")
+            if len(instance) != INSTANCE_LENGTH:
+                raise SandboxError(f"fleet node {member.name} did not name its instance")
+            member.instance = instance  # it may have restarted since its last report
             handle = r.json()
-            handle["session_id"] = fleet.ids.sign(tenant, member.name, handle["session_id"])
+            local = instance + handle["session_id"]
+            handle["session_id"] = fleet.ids.sign(tenant, member.name, local)
             member.placed += 1
             return JSONResponse(handle, status_code=201)
         raise AtCapacity("every sandbox node is full or draining; retry shortly", retry_after=5)

@@ -25,6 +25,7 @@ class Report:
     """A node's answer on its capacity endpoint."""
 
     name: str
+    instance: str
     version: str
     sessions: int
     max_sessions: int
@@ -37,6 +38,7 @@ class Report:
     def parse(cls, body: Any) -> Report:
         return cls(
             name=str(body["name"]),
+            instance=str(body.get("instance", "")),
             version=str(body["version"]),
             sessions=int(body["sessions"]),
             max_sessions=max(1, int(body["max_sessions"])),
@@ -59,6 +61,7 @@ class Member:
     lost_calls: set[asyncio.Task[Any]] = field(default_factory=set)
     checked_at: float = 0.0
     missed: int = 0  # health checks missed in a row
+    instance: str = ""  # the node process's incarnation, from its reports and CreateSession
 
     def used(self) -> int:
         return (self.report.sessions if self.report else 0) + self.placed
@@ -190,6 +193,7 @@ class Membership:
             if not member.up:
                 log.info("fleet node %s (%s) is in", name, url)
             member.up, member.report, member.placed, member.missed = True, report, 0, 0
+            member.instance = report.instance
             member.checked_at = time.monotonic()
         for name in list(self.members):
             if name not in seen:

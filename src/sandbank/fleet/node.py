@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import secrets
 import socket
 import time
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
 from ..config import Settings
@@ -20,6 +21,8 @@ from ..sandbox.sessions import Runtime
 
 log = logging.getLogger(__name__)
 OPEN_PATHS = {"/health"}  # kubelet probes carry no secret; it tells nothing but "alive"
+INSTANCE_HEADER = b"x-sandbank-node-instance"
+INSTANCE_LENGTH = 8
 
 
 def node_settings(settings: Settings) -> Settings:
@@ -53,6 +56,9 @@ class NodeControl:
         self.settings = settings
         self.runtime = runtime
         self.name = node_name(settings)
+        # This process's incarnation: a session id names it, so a call on a session of a node
+        # that restarted under the same name is told the machine holding it is gone.
+        self.instance = secrets.token_hex(INSTANCE_LENGTH // 2)
         self.draining = False
         self.closed = False  # drained: every session is about to end
         self._drained: asyncio.Task[None] | None = None
@@ -67,6 +73,7 @@ class NodeControl:
         sessions = self.runtime.sessions()
         return {
             "name": self.name,
+            "instance": self.instance,
             "version": __version__,
             "sessions": len(sessions),
             "max_sessions": self.settings.max_sessions,
@@ -141,7 +148,20 @@ class FleetGate:
             response = JSONResponse(
                 {"detail": "this node is draining"}, 503, headers={"Retry-After": "1"}
             )
+        elif scope["path"] == "/sessions" and scope["method"] == "POST":
+            await self.app(scope, receive, self._with_instance(send))
+            return
         else:
             await self.app(scope, receive, send)
             return
         await response(scope, receive, send)
+
+    def _with_instance(self, send: Send) -> Send:
+        instance = self.control.instance.encode()
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message["headers"], (INSTANCE_HEADER, instance)]}
+            await send(message)
+
+        return sending
