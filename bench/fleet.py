@@ -147,7 +147,8 @@ def main() -> None:
         front_cpu = node_cpu = 0.0
         for _ in range(args.rounds):
             sid = front.create()
-            name, local, _ = sid.split(".")
+            name, tagged, _ = sid.split(".")
+            local = tagged[8:]  # after the node instance
             holder = nodes[int(name.rsplit("-", 1)[1])]
             node = node_client(holder.url)
             front.execute(sid, "print(1)")
