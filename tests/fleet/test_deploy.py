@@ -13,7 +13,7 @@ from tests.support import REPO
 
 DEPLOY = REPO / "deploy"
 K8S = DEPLOY / "kubernetes"
-KUBERNETES_VERSION = "1.33.0"
+KUBERNETES_VERSION = "1.37.0"  # the newest schemas kubernetes-validate 1.37 carries
 
 
 def resources() -> list[dict[str, Any]]:
