@@ -156,6 +156,8 @@ def sessions_on(fleet: RealFleet, i: int) -> int:
 
 def test_sessions_spread_over_the_three_machines_from_either_front(fleet: RealFleet) -> None:
     with http(fleet, 0) as a, http(fleet, 1) as b:
+        page = a.get("/")  # the front with the interpreter API serves the web page too
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
         sids = [
             (a if i % 2 else b).post("/sessions", json={}).json()["session_id"] for i in range(9)
         ]
