@@ -26,6 +26,9 @@ from .execapi import openapi
 from .execapi.auth import TokenAuth, load_tokens
 from .execapi.routes import ExecApi
 from .files import ObjectStore, open_object_store
+from .fleet.front import Fleet, FrontApi
+from .fleet.node import FleetGate, NodeControl, node_settings
+from .fleet.sandboxes import FleetSandboxes
 from .http import EXCEPTION_HANDLERS, HostAllowList
 from .interpreter.files import SessionFiles
 from .interpreter.identity import Identity
@@ -34,6 +37,7 @@ from .interpreter.runs import Runs
 from .interpreter.service import InterpreterService
 from .leasing import Sandboxes, open_sandboxes
 from .metrics import MeteredModel, MeteredRuntime, Metrics, endpoint
+from .sandbox.sessions import Runtime
 from .startup import without_credentials
 from .store import Store, database_url, open_store
 from .store.lockfile import ServeLock
@@ -83,11 +87,27 @@ class Services:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.metrics = Metrics()
-        self.runtime = MeteredRuntime(settings, self.metrics)
-        tokens = load_tokens(settings)
-        check_exposure(settings, tokens)
-        self.auth = TokenAuth(tokens)
-        self.exec_api = ExecApi(self.runtime, self.auth)
+        # The fleet roles (src/sandbank/fleet): a node serves its runtime to the fronts alone;
+        # a front has no runtime and proxies to the nodes.
+        self.node: NodeControl | None = None
+        self.fleet: Fleet | None = None
+        self.runtime: Runtime | None = None
+        self.exec_api: ExecApi | FrontApi
+        if settings.role == "front":
+            tokens = load_tokens(settings)
+            check_exposure(settings, tokens)
+            self.auth = TokenAuth(tokens)
+            self.fleet = Fleet(settings)
+            self.exec_api = FrontApi(self.fleet, self.auth.tenant)
+        else:
+            self.runtime = MeteredRuntime(settings, self.metrics)
+            tokens = [] if settings.role == "node" else load_tokens(settings)
+            if settings.role == "node":
+                self.node = NodeControl(settings, self.runtime)
+            else:
+                check_exposure(settings, tokens)
+            self.auth = TokenAuth(tokens)
+            self.exec_api = ExecApi(self.runtime, self.auth)
         self.interpreter_api = InterpreterApi(settings.message_max_chars)
         # Opened in `start` (they need the event loop):
         self.store: Store | None = None
@@ -101,7 +121,10 @@ class Services:
         self._serve_lock: ServeLock | None = None
 
     async def start(self) -> None:
-        await self.runtime.start()
+        if self.runtime is not None:
+            await self.runtime.start()
+        if self.fleet is not None:
+            await self.fleet.start()
         if self.settings.interpreter_api == "on":
             await self._start_interpreter()
 
@@ -119,7 +142,13 @@ class Services:
             if taken:
                 log.warning("%d run(s) of a server that stopped will be continued", taken)
         self.objects = objects = await open_object_store(s)
-        self.sandboxes = sandboxes = open_sandboxes(s, self.runtime)
+        sandboxes: Sandboxes
+        if self.fleet is not None:
+            sandboxes = FleetSandboxes(s, self.fleet)
+        else:
+            assert self.runtime is not None
+            sandboxes = open_sandboxes(s, self.runtime)
+        self.sandboxes = sandboxes
         await sandboxes.start()
         model = build_model(s)
         endpoint = f"{s.llm_model} at {without_credentials(s.llm_base_url) or 'its provider'}"
@@ -162,10 +191,20 @@ class Services:
             self._shutdown = asyncio.get_running_loop().create_task(self._shut_down())
         return self._shutdown
 
+    async def before_exit(self) -> None:
+        """On SIGTERM, before anything stops: a node drains; a front keeps serving for a
+        while with its /health at 503, so load balancers stop sending to it first."""
+        if self.node is not None:
+            await self.node.drain()
+        if self.fleet is not None:
+            self.fleet.terminating = True
+            await asyncio.sleep(self.settings.shutdown_delay_seconds)
+
     async def _shut_down(self) -> None:
         if self.interpreter is not None:
             await self.interpreter.shutdown()
-        await self.runtime.shutdown()
+        if self.runtime is not None:
+            await self.runtime.shutdown()
 
     async def stop(self) -> None:
         await self.begin_shutdown()
@@ -184,6 +223,8 @@ class Services:
             await self.store.close()
         if self._serve_lock is not None:
             self._serve_lock.release()
+        if self.fleet is not None:
+            await self.fleet.close()
 
 
 def _cors(settings: Settings) -> list[Middleware]:
@@ -203,6 +244,8 @@ def _cors(settings: Settings) -> list[Middleware]:
 
 
 def create_app(settings: Settings) -> Starlette:
+    if settings.role == "node":
+        settings = node_settings(settings)
     services = Services(settings)
     routes: list[BaseRoute] = []
     if settings.interpreter_api == "on":
@@ -217,9 +260,17 @@ def create_app(settings: Settings) -> Starlette:
     if settings.web_ui == "on" and settings.interpreter_api == "on":
         routes += site(settings)
     routes.append(Route("/metrics", endpoint(services.metrics, services.auth), methods=["GET"]))
-    routes.append(
-        Route("/admin/sessions", sessions_endpoint(services.runtime, settings), methods=["GET"])
-    )
+    if services.runtime is not None:
+        admin = sessions_endpoint(services.runtime, settings)
+        routes.append(Route("/admin/sessions", admin, methods=["GET"]))
+    middleware = [
+        Middleware(AccessMiddleware, metrics=services.metrics),
+        Middleware(HostAllowList, allowed=settings.allowed_hosts.split(",")),
+    ]
+    if services.node is not None:
+        routes += services.node.routes()
+        token = settings.fleet_token.get_secret_value()
+        middleware.append(Middleware(FleetGate, token=token, control=services.node))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -231,10 +282,7 @@ def create_app(settings: Settings) -> Starlette:
 
     app = Starlette(
         routes=routes,
-        middleware=[
-            Middleware(AccessMiddleware, metrics=services.metrics),
-            Middleware(HostAllowList, allowed=settings.allowed_hosts.split(",")),
-        ],
+        middleware=middleware,
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )

@@ -437,6 +437,66 @@ class Settings(BaseSettings):
         SecretStr(""), description="Bearer token for `sandbox_url`; empty sends none."
     )
 
+    # --- fleet: sandboxes over many machines behind one endpoint -------------------------------
+    role: Literal["all", "node", "front"] = Field(
+        "all",
+        description="`all`: one server holding its sandboxes (the default). `node`: a fleet "
+        "machine serving its runtime's code-execution API to the fronts alone (needs "
+        "`fleet_token`). `front`: a stateless fleet entry point serving both APIs with "
+        "sandboxes placed on the nodes (needs `fleet_token` and `fleet_nodes` or `fleet_dns`).",
+    )
+    fleet_token: SecretStr = Field(
+        SecretStr(""),
+        description="Shared secret of a fleet: fronts present it to nodes, and it keys the "
+        "HMAC that signs the session ids fronts hand out. Same value on every front and node.",
+    )
+    fleet_node_name: str = Field(
+        "",
+        description="A node's stable name in the fleet (a StatefulSet pod's name); empty "
+        "means the host name.",
+    )
+    fleet_nodes: str = Field(
+        "",
+        description="A front's static node list: comma-separated `name=url` "
+        "(e.g. `n0=http://10.0.0.5:8080,n1=http://10.0.0.6:8080`).",
+    )
+    fleet_dns: str = Field(
+        "",
+        description="A front's node list from DNS, as `host:port` (a Kubernetes headless "
+        "Service); every A record is a node, named by its own capacity report.",
+    )
+    fleet_refresh_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="How often a front re-resolves its node list and asks each node for "
+        "its capacity (a health check: one missed stops new sessions there, two in a row take "
+        "the node out, its sessions answered as gone, until it answers again).",
+    )
+    fleet_connect_timeout_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="A front's timeout for connecting to a node and for a capacity report; "
+        "a node that misses it is out.",
+    )
+    fleet_sample: int = Field(
+        2,
+        ge=1,
+        description="How many eligible nodes a front samples for a new session before "
+        "taking the least loaded (power of two choices).",
+    )
+    fleet_drain_grace_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="On SIGTERM a node takes no new sessions and waits this long for running "
+        "calls to finish before ending its sessions (calls still running get a result).",
+    )
+    shutdown_delay_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="On SIGTERM, how long a front keeps serving while its /health answers "
+        "503, so load balancers stop sending to it first (behind a Kubernetes Service: ~5).",
+    )
+
     # --- web UI (/) ---------------------------------------------------------------------------
     web_ui: Literal["on", "off"] = Field(
         "on",

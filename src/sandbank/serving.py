@@ -22,8 +22,16 @@ class MainServer(uvicorn.Server):
         super().__init__(config)
         self.services = services
         self.peers = peers
+        self.exiting = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit and not self.exiting:
+            # A fleet node drains and a front lets load balancers notice first (fleet/);
+            # a second signal does not wait.
+            self.exiting = True
+            task = asyncio.get_running_loop().create_task(self.services.before_exit())
+            task.add_done_callback(lambda _: self.handle_exit(sig, frame))
+            return
         if not self.should_exit:
             # Running turns finish within the grace period or are handed back to the fleet;
             # then destroying the sessions answers in-flight calls, so uvicorn's graceful

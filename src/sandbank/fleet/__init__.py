@@ -1,0 +1,1 @@
+"""The fleet: sandboxes on many nodes behind stateless fronts."""

@@ -1,0 +1,288 @@
+"""The front role: the code-execution protocol at the root, each call proxied to its node.
+
+Stateless: a session id names its node (signed, see `ids`), so any replica routes any call.
+Bodies stream through in both directions; a node that is gone answers a clear 404 at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..config import Settings
+from ..errors import (
+    AtCapacity,
+    PayloadTooLarge,
+    SandbankError,
+    SandboxError,
+    SessionNotFound,
+)
+from .client import NodeClient, NodeResponse, TransportFailed
+from .ids import SessionIds
+from .membership import Member, Membership
+from .node import INSTANCE_HEADER, INSTANCE_LENGTH
+from .placement import choose
+
+log = logging.getLogger(__name__)
+HTTP_SLACK_S = 15.0  # a node answers a call by its deadline + 5 s; this covers the trip too
+CREATE_BODY_MAX = 64 * 1024
+MAX_EXEC_BODY = 16 * 1024 * 1024
+PLACEMENT_TRIES = 3
+# What passes from a client to a node, and back.
+REQUEST_HEADERS = ("content-type", "content-length", "accept")
+RESPONSE_HEADERS = (
+    "content-type",
+    "content-length",
+    "content-disposition",
+    "content-security-policy",
+    "x-content-type-options",
+    "cache-control",
+    "retry-after",
+)
+
+
+class NodeGone(Exception):
+    """The transport to a node failed: it crashed, restarted or is cut off."""
+
+
+Body = bytes | AsyncIterator[bytes] | None
+
+
+class Fleet:
+    """A front's view of the fleet: the membership, connections to nodes, the id signer."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        # httpx logs every request at INFO: one line per health check is noise, not news.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        self.token = settings.fleet_token.get_secret_value()
+        if not self.token:
+            raise SandbankError("a front needs SANDBANK_FLEET_TOKEN (the same on fronts and nodes)")
+        # Health checks and capacity reports (off the hot path).
+        self.probes = httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.fleet_connect_timeout_seconds)
+        )
+        self.membership = Membership(settings, self.probes)
+        self.ids = SessionIds(self.token)
+        self.rng = random.Random()  # noqa: S311 - spreading load, not a secret
+        self.terminating = False
+        self.call_timeout = settings.exec_timeout_max + HTTP_SLACK_S
+        self._clients: dict[str, NodeClient] = {}
+        self._auth = f"Bearer {self.token}"
+
+    async def start(self) -> None:
+        await self.membership.start()
+
+    async def close(self) -> None:
+        await self.membership.close()
+        await self.probes.aclose()
+        for client in self._clients.values():
+            client.close()
+
+    def _client(self, member: Member) -> NodeClient:
+        client = self._clients.get(member.url)
+        if client is None:
+            client = NodeClient(member.url, self.settings.fleet_connect_timeout_seconds)
+            self._clients[member.url] = client
+        return client
+
+    async def send(
+        self,
+        member: Member,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: Body = None,
+        stream: bool = False,
+    ) -> NodeResponse:
+        """Send to a node; `NodeGone` as soon as the transport fails or the node is declared out."""
+        if not member.up:
+            raise NodeGone
+        headers["authorization"] = self._auth
+        task = asyncio.current_task()
+        assert task is not None
+        member.calls.add(task)
+        try:
+            async with asyncio.timeout(self.call_timeout):
+                return await self._client(member).request(method, target, headers, body, stream)
+        except TimeoutError:
+            raise SandboxError(f"fleet node {member.name} did not answer in time") from None
+        except asyncio.CancelledError:
+            if task in member.lost_calls:  # cancelled by the membership: the node is out
+                member.lost_calls.discard(task)
+                task.uncancel()
+                raise NodeGone from None
+            raise
+        except TransportFailed as e:
+            member.calls.discard(task)  # out of the calls the node's loss cancels
+            self.membership.suspect(member, str(e))
+            raise NodeGone from None
+        finally:
+            member.calls.discard(task)
+
+
+def gone(
+    public_id: str, node: str, why: str = "is unreachable (crashed or cut off)"
+) -> SessionNotFound:
+    return SessionNotFound(
+        f"session {public_id!r} is gone: the machine holding it ({node}) {why} "
+        "and its state is lost; create a new session"
+    )
+
+
+class FrontApi:
+    """The six operations of the protocol and /health, over the fleet. `tenant` authenticates."""
+
+    def __init__(self, fleet: Fleet, tenant: Callable[[str | None], str]) -> None:
+        self.fleet = fleet
+        self.tenant = tenant
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/sessions", self.create_session, methods=["POST"]),
+            Route("/sessions/{session_id}", self.destroy_session, methods=["DELETE"]),
+            Route("/sessions/{session_id}/exec", self.execute, methods=["POST"]),
+            Route("/sessions/{session_id}/files/list", self.list_files, methods=["GET"]),
+            Route("/sessions/{session_id}/files", self.get_file, methods=["GET"]),
+            Route("/sessions/{session_id}/files", self.put_file, methods=["POST"]),
+            Route("/health", self.health, methods=["GET"]),
+        ]
+
+    def _route(self, request: Request) -> tuple[str, Member, str]:
+        """(public id, its node, the node's own id); 404 for an id the fleet did not sign."""
+        public = request.path_params["session_id"]
+        name, tagged = self.fleet.ids.verify(
+            self.tenant(request.headers.get("authorization")), public
+        )
+        instance, local = tagged[:INSTANCE_LENGTH], tagged[INSTANCE_LENGTH:]
+        member = self.fleet.membership.get(name)
+        if member is None or not member.up:
+            raise gone(public, name)
+        if member.instance and instance != member.instance:
+            raise gone(public, name, "restarted")
+        return public, member, local
+
+    def _headers(self, request: Request) -> dict[str, str]:
+        return {k: v for k in REQUEST_HEADERS if (v := request.headers.get(k)) is not None}
+
+    @staticmethod
+    def _target(path: str, request: Request) -> str:
+        query = request.url.query
+        return f"{path}?{query}" if query else path
+
+    async def create_session(self, request: Request) -> Response:
+        tenant = self.tenant(request.headers.get("authorization"))
+        body = await read_body(request, CREATE_BODY_MAX)
+        headers = self._headers(request)
+        headers.pop("content-length", None)
+        tried: set[str] = set()
+        fleet = self.fleet
+        for _ in range(PLACEMENT_TRIES):
+            member = choose(fleet.membership.up(), fleet.settings.fleet_sample, fleet.rng, tried)
+            if member is None:
+                break
+            tried.add(member.name)
+            try:
+                r = await fleet.send(member, "POST", "/sessions", dict(headers), body)
+            except NodeGone:
+                continue
+            if r.status == 503:
+                continue  # full or draining since its last report: another node may take it
+            if r.status != 201:
+                return _copy(r)
+            instance = r.headers.get(INSTANCE_HEADER.decode(), "")
+            if len(instance) != INSTANCE_LENGTH:
+                raise SandboxError(f"fleet node {member.name} did not name its instance")
+            member.instance = instance  # it may have restarted since its last report
+            handle = r.json()
+            local = instance + handle["session_id"]
+            handle["session_id"] = fleet.ids.sign(tenant, member.name, local)
+            member.placed += 1
+            return JSONResponse(handle, status_code=201)
+        raise AtCapacity("every sandbox node is full or draining; retry shortly", retry_after=5)
+
+    async def destroy_session(self, request: Request) -> Response:
+        try:
+            _, member, local = self._route(request)
+            await self.fleet.send(member, "DELETE", f"/sessions/{local}", {})
+        except (SessionNotFound, NodeGone):
+            pass  # already gone: the desired state
+        return Response(status_code=204)
+
+    async def execute(self, request: Request) -> Response:
+        public, member, local = self._route(request)
+        # Read whole (the node caps it at 16 MiB too), so a stale pooled connection can resend.
+        body = await read_body(request, MAX_EXEC_BODY)
+        headers = self._headers(request)
+        headers.pop("content-length", None)
+        try:
+            r = await self.fleet.send(member, "POST", f"/sessions/{local}/exec", headers, body)
+        except NodeGone:
+            raise gone(public, member.name) from None
+        return _copy(r)
+
+    async def list_files(self, request: Request) -> Response:
+        public, member, local = self._route(request)
+        target = self._target(f"/sessions/{local}/files/list", request)
+        try:
+            r = await self.fleet.send(member, "GET", target, self._headers(request))
+        except NodeGone:
+            raise gone(public, member.name) from None
+        return _copy(r)
+
+    async def put_file(self, request: Request) -> Response:
+        """The upload streams through to the node, never held whole."""
+        public, member, local = self._route(request)
+        target = self._target(f"/sessions/{local}/files", request)
+        try:
+            r = await self.fleet.send(
+                member, "POST", target, self._headers(request), request.stream()
+            )
+        except NodeGone:
+            raise gone(public, member.name) from None
+        return _copy(r)
+
+    async def get_file(self, request: Request) -> Response:
+        """A file's bytes stream from the node to the client, never held whole."""
+        public, member, local = self._route(request)
+        target = self._target(f"/sessions/{local}/files", request)
+        try:
+            r = await self.fleet.send(member, "GET", target, self._headers(request), stream=True)
+        except NodeGone:
+            raise gone(public, member.name) from None
+        assert r.stream is not None
+        return StreamingResponse(r.stream, status_code=r.status, headers=_response_headers(r))
+
+    async def health(self, request: Request) -> Response:
+        if self.fleet.terminating:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        up = self.fleet.membership.up()
+        return JSONResponse(
+            {"status": "ok", "nodes_up": len(up), "nodes_accepting": sum(m.accepting() for m in up)}
+        )
+
+
+def _response_headers(r: NodeResponse) -> dict[str, str]:
+    return {k: v for k in RESPONSE_HEADERS if (v := r.headers.get(k)) is not None}
+
+
+def _copy(r: NodeResponse) -> Response:
+    headers = _response_headers(r)
+    headers.pop("content-length", None)  # set again from the body
+    return Response(r.body, status_code=r.status, headers=headers)
+
+
+async def read_body(request: Request, cap: int) -> bytes:
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > cap:
+            raise PayloadTooLarge(f"the request body is larger than {cap} bytes")
+    return bytes(body)

@@ -1,0 +1,167 @@
+"""The node role: the runtime's code-execution API for the fronts alone, capacity and drain."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import secrets
+import socket
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .. import __version__
+from ..config import Settings
+from ..errors import SandbankError
+from ..sandbox.sessions import Runtime
+
+log = logging.getLogger(__name__)
+OPEN_PATHS = {"/health"}  # kubelet probes carry no secret; it tells nothing but "alive"
+INSTANCE_HEADER = b"x-sandbank-node-instance"
+INSTANCE_LENGTH = 8
+
+
+def node_settings(settings: Settings) -> Settings:
+    """A node serves the code-execution API only; the fleet token, not the Host, guards it."""
+    if not settings.fleet_token.get_secret_value():
+        raise SandbankError("a node needs SANDBANK_FLEET_TOKEN (the same on fronts and nodes)")
+    return settings.model_copy(
+        update={"interpreter_api": "off", "web_ui": "off", "exec_api": "on", "allowed_hosts": "*"}
+    )
+
+
+def node_name(settings: Settings) -> str:
+    return settings.fleet_node_name or socket.gethostname().split(".")[0].lower()
+
+
+def memory_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class NodeControl:
+    """Capacity reports for the fronts, and the drain (SIGTERM or `POST /fleet/drain`)."""
+
+    def __init__(self, settings: Settings, runtime: Runtime) -> None:
+        self.settings = settings
+        self.runtime = runtime
+        self.name = node_name(settings)
+        # This process's incarnation: a session id names it, so a call on a session of a node
+        # that restarted under the same name is told the machine holding it is gone.
+        self.instance = secrets.token_hex(INSTANCE_LENGTH // 2)
+        self.draining = False
+        self.closed = False  # drained: every session is about to end
+        self._drained: asyncio.Task[None] | None = None
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/fleet/capacity", self.capacity, methods=["GET"]),
+            Route("/fleet/drain", self.drain_route, methods=["POST"]),
+        ]
+
+    def report(self) -> dict[str, object]:
+        sessions = self.runtime.sessions()
+        return {
+            "name": self.name,
+            "instance": self.instance,
+            "version": __version__,
+            "sessions": len(sessions),
+            "max_sessions": self.settings.max_sessions,
+            "idle": sum(1 for s in sessions if s.inflight == 0),
+            "inflight": sum(s.inflight for s in sessions),
+            "memory_available_bytes": memory_available(),
+            "memory_per_session_bytes": self.settings.memory_limit_mb * 1024 * 1024,
+            "draining": self.draining,
+        }
+
+    async def capacity(self, request: Request) -> Response:
+        return JSONResponse(self.report())
+
+    async def drain_route(self, request: Request) -> Response:
+        """The drain command: as on SIGTERM, then the sessions end; the node stays up, empty."""
+        if self._drained is None:
+            task = self.drain()
+            task.add_done_callback(lambda _: self._end_sessions())
+        return JSONResponse(self.report(), status_code=202)
+
+    def _end_sessions(self) -> None:
+        for session in self.runtime.sessions():
+            asyncio.get_running_loop().create_task(self.runtime.destroy(session.id, session.tenant))
+
+    def drain(self) -> asyncio.Task[None]:
+        """Take no new sessions; done when no call runs or the grace period is over."""
+        if self._drained is None:
+            self.draining = True
+            log.info("draining: no new sessions; waiting for running calls")
+            self._drained = asyncio.get_running_loop().create_task(self._wait_calls())
+        return self._drained
+
+    async def _wait_calls(self) -> None:
+        deadline = time.monotonic() + self.settings.fleet_drain_grace_seconds
+        try:
+            while time.monotonic() < deadline:
+                if not any(s.inflight for s in self.runtime.sessions()):
+                    return
+                await asyncio.sleep(0.05)
+            log.warning("drain grace over with calls still running: they end with a result")
+        finally:
+            # From here on the sessions are ending: a call arriving now must not start.
+            self.closed = True
+
+
+class FleetGate:
+    """Every request but /health must carry the fleet token; a draining node takes no session."""
+
+    def __init__(self, app: ASGIApp, token: str, control: NodeControl) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+        self.control = control
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = b""
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                given = value
+        if not hmac.compare_digest(given, self.expected):
+            response: Response = JSONResponse(
+                {"detail": "this is a fleet node: only the fleet's fronts may call it"}, 401
+            )
+        elif self.control.closed and scope["path"].startswith("/sessions/"):
+            response = JSONResponse(
+                {"detail": "this node has drained and is shutting down: its sessions are gone"},
+                404,
+            )
+        elif self.control.draining and scope["path"] == "/sessions" and scope["method"] == "POST":
+            response = JSONResponse(
+                {"detail": "this node is draining"}, 503, headers={"Retry-After": "1"}
+            )
+        elif scope["path"] == "/sessions" and scope["method"] == "POST":
+            await self.app(scope, receive, self._with_instance(send))
+            return
+        else:
+            await self.app(scope, receive, send)
+            return
+        await response(scope, receive, send)
+
+    def _with_instance(self, send: Send) -> Send:
+        instance = self.control.instance.encode()
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message["headers"], (INSTANCE_HEADER, instance)]}
+            await send(message)
+
+        return sending

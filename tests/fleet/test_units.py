@@ -1,0 +1,71 @@
+"""Signed ids, placement and the static node list, without processes."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from sandbank.errors import SandbankError, SessionNotFound
+from sandbank.fleet.ids import SessionIds
+from sandbank.fleet.membership import Member, Report, parse_static
+from sandbank.fleet.placement import choose
+
+
+def test_a_signed_id_routes_to_its_node_and_nothing_else_verifies() -> None:
+    ids = SessionIds("k1")
+    public = ids.sign("tenant-a", "node-1", "AbC_-9")
+    assert ids.verify("tenant-a", public) == ("node-1", "AbC_-9")
+    node, local, mac = public.split(".")
+    forged = [
+        f"node-2.{local}.{mac}",  # steered to another node
+        f"{node}.{local}x.{mac}",  # another session
+        f"{node}.{local}.{mac[:-1]}A" if mac[-1] != "A" else f"{node}.{local}.{mac[:-1]}B",
+        SessionIds("k2").sign("tenant-a", "node-1", "AbC_-9"),  # not this fleet's key
+        "no-such-session",
+        f"{node}.{local}",
+        f"{node}.{local}.{mac}.extra",
+        "ünï.côdé.x",
+    ]
+    for bad in forged:
+        with pytest.raises(SessionNotFound):
+            ids.verify("tenant-a", bad)
+    with pytest.raises(SessionNotFound):  # another tenant's session does not exist for it
+        ids.verify("tenant-b", public)
+
+
+def report(sessions: int, max_sessions: int = 4, idle: int = 0, draining: bool = False) -> Report:
+    return Report("n", "i0", "0", sessions, max_sessions, idle, 0, 2**30, draining)
+
+
+def members(*reports: Report, up: bool = True) -> list[Member]:
+    async def make() -> list[Member]:
+        return [Member(f"n{i}", f"http://n{i}", up=up, report=r) for i, r in enumerate(reports)]
+
+    return asyncio.run(make())
+
+
+def test_placement_never_picks_a_draining_full_or_down_node() -> None:
+    rng = random.Random(1)
+    ms = members(report(0, draining=True), report(4, idle=0), report(3))
+    assert all(choose(ms, 2, rng, set()).name == "n2" for _ in range(20))  # type: ignore[union-attr]
+    assert choose(ms[:2], 2, rng, set()) is None
+    assert choose(members(report(0), up=False), 2, rng, set()) is None
+    # A full node whose sessions are idle can still reclaim one, as a single server does.
+    assert choose(members(report(4, idle=1)), 2, rng, set()) is not None
+
+
+def test_placement_takes_the_least_loaded_of_its_sample_and_counts_its_own_placements() -> None:
+    rng = random.Random(2)
+    ms = members(report(2), report(1))
+    assert choose(ms, 2, rng, set()).name == "n1"  # type: ignore[union-attr]
+    ms[1].placed = 2  # placed here since the last report: now the busier one
+    assert choose(ms, 2, rng, set()).name == "n0"  # type: ignore[union-attr]
+    assert choose(ms, 2, rng, {"n0"}).name == "n1"  # type: ignore[union-attr]
+
+
+def test_static_node_list() -> None:
+    assert parse_static("a=http://x:1/, b=https://y") == [("a", "http://x:1"), ("b", "https://y")]
+    with pytest.raises(SandbankError):
+        parse_static("a=ftp://x")
