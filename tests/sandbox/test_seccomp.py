@@ -8,9 +8,10 @@ import struct
 import pytest
 
 from sandbank.sandbox import seccomp
+from sandbank.sandbox.backend import ISOLATION
 from tests.sandbox.conftest import Shell
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.claims(ISOLATION)]
 
 X86_64 = platform.machine() == "x86_64"
 

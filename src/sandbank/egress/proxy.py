@@ -177,6 +177,8 @@ class Gate:
 
 
 class EgressProxy:
+    """The filtering proxy: a unix socket per sandbox, checked against its session's policy."""
+
     def __init__(self, trusted: NetworkPolicy, limits: EgressLimits, resolver: Resolver) -> None:
         self.trusted = trusted  # the operator's lists: the only source of non-public addresses
         self.limits = limits

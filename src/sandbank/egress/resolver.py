@@ -12,12 +12,16 @@ RESOLVE_TIMEOUT = 5.0
 
 
 class Resolver(Protocol):
+    """Turns a host name into addresses (the proxy resolves; sandboxes never do)."""
+
     async def resolve(self, name: str, port: int) -> list[IPAddress]:
         """The addresses of `name` (possibly empty); OSError when the lookup fails."""
         ...
 
 
 class SystemResolver:
+    """The machine's own resolver (getaddrinfo in a thread)."""
+
     async def resolve(self, name: str, port: int) -> list[IPAddress]:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(RESOLVE_TIMEOUT):

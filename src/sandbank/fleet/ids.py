@@ -25,6 +25,8 @@ def _b64(raw: bytes) -> str:
 
 
 class SessionIds:
+    """Makes and checks the fleet's signed session ids (node name, node's id, HMAC)."""
+
     def __init__(self, fleet_token: str) -> None:
         # A key of its own, so the token itself is never used for two purposes.
         key = hmac.new(fleet_token.encode(), b"sandbank fleet session ids", "sha256").digest()

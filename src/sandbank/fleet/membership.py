@@ -86,6 +86,8 @@ def parse_static(spec: str) -> list[tuple[str, str]]:
 
 
 class Membership:
+    """The nodes a front knows, their last reports and health, refreshed periodically."""
+
     def __init__(self, settings: Settings, client: httpx.AsyncClient) -> None:
         self.settings = settings
         self.client = client
