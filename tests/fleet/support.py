@@ -13,7 +13,12 @@ from typing import Any
 from tests.support import Server
 
 TOKEN = "fleet-test-token-0123456789"
-NODE_LIMITS: dict[str, Any] = {"pool_size": 1, "max_sessions": 6, "exec_timeout_max": 30}
+NODE_LIMITS: dict[str, Any] = {
+    "pool_size": 1,
+    "max_sessions": 6,
+    "exec_timeout_max": 30,
+    "exec_timeout_default": 30,
+}
 
 
 def node(data: Path, name: str, **overrides: Any) -> Server:
@@ -34,6 +39,7 @@ def front(data: Path, nodes: list[tuple[str, str]], **overrides: Any) -> Server:
         "fleet_nodes": spec,
         "interpreter_api": "off",
         "exec_timeout_max": 30,
+        "exec_timeout_default": 30,
         "fleet_refresh_seconds": 0.5,
     }
     return Server(data, **{**settings, **overrides})
