@@ -133,7 +133,9 @@ def test_a_draining_node_finishes_its_calls_and_takes_no_new_session(
     assert node0.proc is not None
     node0.proc.send_signal(signal.SIGTERM)
     time.sleep(0.2)
-    placed = [create(client) for _ in range(4)]
+    # Within node-1's room (it holds about half of the six): placement never relies on a
+    # reclaim a node may or may not make between two capacity reports.
+    placed = [create(client) for _ in range(2)]
     assert {node_of(s) for s in placed} == {"node-1"}
     for t in calls:
         t.join(20)
