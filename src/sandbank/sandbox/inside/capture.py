@@ -130,9 +130,12 @@ class Stream(threading.Thread):
 
 def _partial(buf: bytes, marker: bytes) -> int:
     """How many bytes at the end of `buf` could be the start of `marker` (held back for now)."""
-    for k in range(min(len(buf), len(marker) - 1), 0, -1):
-        if buf.endswith(marker[:k]):
-            return k
+    start = max(0, len(buf) - len(marker) + 1)
+    at = buf.find(marker[:1], start)  # usually none: the markers start with NUL or `__`
+    while at >= 0:
+        if marker.startswith(buf[at:]):
+            return len(buf) - at
+        at = buf.find(marker[:1], at + 1)
     return 0
 
 

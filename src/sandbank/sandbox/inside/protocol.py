@@ -99,6 +99,11 @@ def result(
 
 def fit(reply: dict[str, Any]) -> dict[str, Any]:
     """Shorten stdout and stderr until the encoded reply fits MAX_REPLY, saying so."""
+    rough = sum(len(str(reply.get(k) or "")) for k in (STDOUT, STDERR))
+    rough += sum(len(f) + 8 for f in reply.get(FILES) or [])
+    rough += sum(len(str(b)) for b in reply.get(DISPLAYS) or [])
+    if rough * 6 + 4096 < MAX_REPLY:  # escaping grows text at most 6x: surely fits
+        return reply
     size = len(encode(reply))
     if size <= MAX_REPLY:
         return reply
