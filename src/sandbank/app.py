@@ -158,7 +158,7 @@ class Services:
             else MeteredModel(model, self.metrics, endpoint)
         )
         files = SessionFiles(store, objects, s)
-        runs = Runs(store, files, sandboxes, self.model, s)
+        runs = Runs(store, files, sandboxes, self.model, s, on_ended=self.metrics.run_ended)
         self.interpreter = InterpreterService(store, files, runs, s)
         self.interpreter_api.bind(self.interpreter, Identity(store, s))
         self._expiry = asyncio.create_task(self.interpreter.expire_forever())

@@ -146,6 +146,24 @@ class Metrics:
             ["direction"],
             registry=r,
         )
+        self.agent_runs = Counter(
+            "sandbank_agent_runs",
+            "Agent runs ended on this replica, by outcome (done, error, cancelled).",
+            ["outcome"],
+            registry=r,
+        )
+        self.agent_steps = Histogram(
+            "sandbank_agent_steps",
+            "Model calls one agent run took.",
+            buckets=(1, 2, 3, 5, 8, 13, 20, 40),
+            registry=r,
+        )
+
+    def run_ended(self, outcome: str, steps: int) -> None:
+        """An agent run ended (`Runs`' hook): counted by outcome, its steps observed."""
+        self.agent_runs.labels(outcome).inc()
+        if steps:
+            self.agent_steps.observe(steps)
 
     def watch_runtime(self, runtime: Runtime) -> None:
         """Gauges read the runtime when scraped: no bookkeeping can drift."""

@@ -48,6 +48,8 @@ def test_json_logs_carry_request_ids_and_no_secret(llm: FakeLLM) -> None:
             admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
             assert client.get("/admin/sessions", headers=admin).status_code == 200
         assert 'sandbank_model_calls_total{outcome="ok"}' in metrics
+        assert 'sandbank_agent_runs_total{outcome="done"}' in metrics
+        assert "sandbank_agent_steps_count" in metrics
         assert 'sandbank_model_tokens_total{direction="in"}' in metrics
         log = server.log.read_text()
 

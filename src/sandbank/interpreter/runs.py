@@ -16,6 +16,7 @@ import socket
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,8 +141,10 @@ class Runs:
         model: Model | SandbankError,
         settings: Settings,
         replica: str | None = None,
+        on_ended: Callable[[str, int], None] | None = None,
     ) -> None:
         self.store = store
+        self.on_ended = on_ended  # (outcome, steps) of each run that ends here: metrics
         self.files = files
         self.sandboxes = sandboxes
         self.model = model  # the error that prevented building it, when not configured
@@ -309,6 +312,7 @@ class Runs:
         status: SessionStatus = "ERROR"
         state: RunState = "error"
         message: str | None = "internal error"
+        steps = 0
         try:
             if run.attempts > MAX_ATTEMPTS:
                 raise SandbankError(WORKER_LOST)
@@ -336,6 +340,7 @@ class Runs:
                 sandbox_recreated=recreated,
                 cancel=cancel,
             )
+            steps = result.steps
             if isinstance(result.error, LeaseLost):
                 raise result.error
             active = self.active.get(sid)
@@ -370,6 +375,8 @@ class Runs:
         self._forget(run)
         with contextlib.suppress(SandbankError):
             await self.store.finish_run(run, status, message, state)
+        if self.on_ended is not None:
+            self.on_ended(state, steps)
 
     async def _stopped(self, run: Run) -> None:
         """The run's task was cancelled: record why, as `stop_reason` says."""
