@@ -31,13 +31,25 @@ ROOT = (
     "tests/fleet/",
     "tests/egress/",
     "tests/agent/test_loop_real_sandbox",
+    "tests/agent/test_inspect_real_sandbox",
+    "tests/interpreter/test_cli",
+    "tests/interpreter/test_logs",
+    "tests/interpreter/test_sqlite_lock",
+    "tests/test_metrics",
+    "tests/web/test_page_states",
+    "tests/web/test_reference",
     "tests/web/test_ui",
     "tests/web/test_tags",
     "tests/test_cli",
     "tests/test_doctor",
     "tests/test_fuzz",
 )
-CHROMIUM = ("tests/web/test_ui", "tests/web/test_tags")
+CHROMIUM = (
+    "tests/web/test_ui",
+    "tests/web/test_tags",
+    "tests/web/test_page_states",
+    "tests/web/test_reference",
+)
 
 
 def tiers_of(item: pytest.Item) -> set[str]:
