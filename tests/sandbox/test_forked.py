@@ -14,7 +14,7 @@ from unittest import mock
 import pytest
 
 from sandbank.errors import IsolationUnavailable
-from sandbank.sandbox import forked
+from sandbank.sandbox import bwrap, forked
 from sandbank.sandbox import template as template_module
 from sandbank.sandbox.base import PythonCall
 from sandbank.sandbox.sessions import Runtime
@@ -232,7 +232,7 @@ async def test_a_template_that_stops_answering_is_replaced_and_the_lease_still_s
 def test_missing_tools_fail_with_what_to_install(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(forked, "HOST_PATH", str(tmp_path))
+    monkeypatch.setattr(bwrap, "HOST_PATH", str(tmp_path))
     with pytest.raises(IsolationUnavailable, match="apt-get install util-linux"):
         forked.check_available()
 

@@ -35,7 +35,7 @@ from .backend import (
 from .channel import WorkerProcess
 from .image import mounted_runtime
 from .managed import Limits, ManagedSandbox
-from .seccomp import build_filter, filter_fd
+from .seccomp import build_filter
 from .uids import UidAllocator
 
 log = logging.getLogger(__name__)
@@ -82,12 +82,15 @@ def data_fd(data: bytes) -> int:
     return fd
 
 
-def check_available() -> None:
-    for tool, package in (("bwrap", "bubblewrap"), ("setpriv", "util-linux")):
+def check_available(
+    tools: tuple[tuple[str, str], ...] = (("bwrap", "bubblewrap"), ("setpriv", "util-linux")),
+    otherwise: str = "SANDBANK_ISOLATION=none, unisolated, for development only",
+) -> None:
+    """The host tools (and their Debian packages), cgroups and root an isolated backend needs."""
+    for tool, package in tools:
         if shutil.which(tool, path=HOST_PATH) is None:
             raise IsolationUnavailable(
-                f"{tool} is not installed: `apt-get install {package}` (or run with "
-                "SANDBANK_ISOLATION=none, unisolated, for development only)"
+                f"{tool} is not installed: `apt-get install {package}` (or run with {otherwise})"
             )
     cgroups.check_available()
     if os.geteuid() != 0:
@@ -239,7 +242,7 @@ class BwrapSandbox(ManagedSandbox):
     async def _launch(self) -> WorkerProcess:
         fds: list[int] = []
         try:
-            seccomp = filter_fd(self.seccomp_program)
+            seccomp = data_fd(self.seccomp_program)
             fds.append(seccomp)
             files = {}
             for dest, data in self._files().items():

@@ -11,19 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import struct
 from pathlib import Path
 from typing import Any
 
 from ..config import Settings
-from ..errors import IsolationUnavailable
-from . import cgroups, disk
+from . import bwrap, disk
 from .backend import new_sandbox_id
 from .bwrap import (
     ETC_BINDS,
-    HOST_PATH,
     INSIDE_DIR,
     INSIDE_MOUNT,
     LIB_MOUNT,
@@ -42,18 +39,9 @@ INTERRUPT_FD = 3  # where the sandbox's init puts the interrupt pipe (inside/tem
 
 def check_available() -> None:
     """What the fork backend needs beyond Python: util-linux to boot the template, cgroups, root."""
-    for tool, package in (("unshare", "util-linux"), ("mount", "mount")):
-        if shutil.which(tool, path=HOST_PATH) is None:
-            raise IsolationUnavailable(
-                f"{tool} is not installed: `apt-get install {package}` (or run with "
-                "SANDBANK_ISOLATION=bwrap)"
-            )
-    cgroups.check_available()
-    if os.geteuid() != 0:
-        raise IsolationUnavailable(
-            "the isolated runtime must start as root (it creates cgroups, loop mounts and "
-            "drops each sandbox to its own uid)"
-        )
+    bwrap.check_available(
+        (("unshare", "util-linux"), ("mount", "mount")), "SANDBANK_ISOLATION=bwrap"
+    )
 
 
 def sandbox_env(limits: Limits, preimport: bool) -> dict[str, str]:

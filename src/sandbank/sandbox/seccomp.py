@@ -119,11 +119,3 @@ def build_filter() -> bytes:
 def _ok(ret: int, what: str) -> None:
     if ret < 0:
         raise IsolationUnavailable(f"libseccomp failed ({what}): {os.strerror(-ret)}")
-
-
-def filter_fd(program: bytes) -> int:
-    """A fresh readable descriptor holding the program (bwrap reads it to the end)."""
-    fd = os.memfd_create("sandbank-seccomp", 0)
-    os.write(fd, program)
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
