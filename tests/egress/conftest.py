@@ -50,11 +50,14 @@ def module_data() -> Iterator[Path]:
         yield path
 
 
-@pytest.fixture(scope="module")
-async def runtime(module_data: Path, world: World) -> AsyncIterator[Runtime]:
+@pytest.fixture(scope="module", params=["bwrap", "fork"])
+async def runtime(
+    request: pytest.FixtureRequest, module_data: Path, world: World
+) -> AsyncIterator[Runtime]:
     rt = Runtime(
         settings(
             module_data,
+            isolation=request.param,
             cpu_limit=0.5,
             disk_limit_mb=32,
             egress_allow=world.policy(),

@@ -13,6 +13,7 @@ from tests.sandbox.test_isolation import (
     test_own_pid_namespace_and_unprivileged_uid,
     test_seccomp_denies_namespace_mount_ptrace_bpf_perf_keyctl_iouring_modules_kexec,
     test_the_hosts_loopback_and_the_servers_port_are_unreachable,
+    test_the_sandbox_reads_no_host_path_and_no_server_state,
 )
 
 pytestmark = pytest.mark.anyio
@@ -28,4 +29,5 @@ __all__ = [
     "test_own_pid_namespace_and_unprivileged_uid",
     "test_seccomp_denies_namespace_mount_ptrace_bpf_perf_keyctl_iouring_modules_kexec",
     "test_the_hosts_loopback_and_the_servers_port_are_unreachable",
+    "test_the_sandbox_reads_no_host_path_and_no_server_state",
 ]

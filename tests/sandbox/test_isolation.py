@@ -182,8 +182,6 @@ async def test_clean_environment_no_server_secrets_reach_the_sandbox(
         await runtime.destroy(sh.session.id, "tests")
 
 
-# The fork backend still binds the in-sandbox code from its host path (issue 11 is open).
-@pytest.mark.only_backends("bwrap")
 async def test_the_sandbox_reads_no_host_path_and_no_server_state(
     sb: Shell, runtime: Runtime
 ) -> None:
@@ -193,7 +191,8 @@ async def test_the_sandbox_reads_no_host_path_and_no_server_state(
     )
     assert r.return_code == 0, r.stderr
     data_dir = str(runtime.settings.data_dir.resolve())
-    for leak in (data_dir, str(REPO), str(runtime.backend.runtime_dir), sb.session.sandbox.id):
+    leaks = (data_dir, str(REPO), str(runtime.backend.runtime_dir), sb.session.sandbox.id, "/run/")
+    for leak in leaks:
         assert leak not in r.stdout, leak
     assert "PWD=" not in r.stdout and "/sandboxes/" not in r.stdout
 

@@ -22,7 +22,7 @@ from ..egress import sandboxing as egress
 from ..egress.config import EgressConfig, build_proxy
 from ..egress.proxy import SOCKET_NAME, EgressProxy
 from ..errors import IsolationUnavailable
-from . import cgroups, disk
+from . import cgroups, disk, image
 from .backend import (
     HOST_RESOURCES,
     INTERPRETERS,
@@ -67,11 +67,7 @@ exec env -i "$@"
 @functools.cache
 def inside_code() -> dict[str, bytes]:
     """The in-sandbox package's files (sources, the pip wrapper), by path relative to it."""
-    return {
-        str(path.relative_to(INSIDE_DIR)): path.read_bytes()
-        for path in sorted(INSIDE_DIR.rglob("*"))
-        if "__pycache__" not in path.parts and path.is_file()
-    }
+    return image.tree_files(INSIDE_DIR)
 
 
 def data_fd(data: bytes) -> int:
@@ -140,7 +136,11 @@ class BwrapSandbox(ManagedSandbox):
         self.root_policy = (self.uid, self.uid, 0o700)
         await asyncio.to_thread(self._acquire_sync)
         if self.egress_proxy is not None:
-            await self.egress_proxy.open(self.id, self.dir / "egress", self.uid)
+            # Its own tmpfs: the bind then names no host path in the sandbox's mountinfo.
+            sockets = self.dir / "egress"
+            sockets.mkdir(mode=0o755)
+            disk.mount_tmpfs(sockets, 64 << 10, noexec=True)
+            await self.egress_proxy.open(self.id, sockets, self.uid)
 
     def _acquire_sync(self) -> None:
         self.dir.mkdir(mode=0o711, parents=True)
@@ -299,6 +299,8 @@ class BwrapSandbox(ManagedSandbox):
 def remove_sandbox_dir(path: Path) -> None:
     """Unmount a sandbox's disk (lazily, if a file on it is still open) and remove its files."""
     try:
+        if disk.is_mounted(path / "egress"):
+            disk.unmount(str(path / "egress"), lazy=True)
         disk.destroy(path / "disk.img", path / "ws")
     except Exception as e:
         log.warning("sandbox %s: its disk is not removed yet: %s", path.name, e)

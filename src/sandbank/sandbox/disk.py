@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import IsolationUnavailable, SandboxError
 
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 _ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
 
@@ -81,12 +82,21 @@ def mount_image(image: Path, point: Path) -> None:
     _run(["mount", "-o", "loop,ro,nosuid,nodev", str(image), str(point)])
 
 
+def mount_tmpfs(point: Path, size_bytes: int, *, noexec: bool = False) -> None:
+    """A fresh tmpfs (nosuid, nodev) of at most `size_bytes` at `point`: one system call."""
+    flags = MS_NOSUID | MS_NODEV | (MS_NOEXEC if noexec else 0)
+    _mount("sandbank", point, "tmpfs", flags, f"size={size_bytes},mode=755")
+
+
+def remount_readonly(point: Path) -> None:
+    _run(["mount", "-o", "remount,ro,nosuid,nodev", str(point)])
+
+
 # --- the fast path: a copy of a formatted image, attached and mounted without a subprocess ---
 
 LOOP_CTL_GET_FREE = 0x4C82
 LOOP_CONFIGURE = 0x4C0A
 LO_FLAGS_AUTOCLEAR = 4  # the loop device detaches itself once unmounted
-MS_NOSUID, MS_NODEV = 2, 4
 _LOOP_INFO64_SIZE = 232
 _LO_FLAGS_OFFSET = 52  # of lo_flags in struct loop_info64
 _ATTACH_TRIES = 32
@@ -138,13 +148,21 @@ def _copy_sparse(src: Path, dst: Path) -> None:
             pos = end
 
 
-def _attach_and_mount(image: Path, mountpoint: Path) -> None:
+def _mount(source: str, target: Path, fstype: str, flags: int, data: str | None = None) -> None:
     import ctypes
-    import fcntl
-    import struct
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+    opts = data.encode() if data is not None else None
+    if libc.mount(source.encode(), str(target).encode(), fstype.encode(), flags, opts) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def _attach_and_mount(image: Path, mountpoint: Path) -> None:
+    import fcntl
+    import struct
+
     info = bytearray(_LOOP_INFO64_SIZE)
     struct.pack_into("I", info, _LO_FLAGS_OFFSET, LO_FLAGS_AUTOCLEAR)
     ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
@@ -161,13 +179,7 @@ def _attach_and_mount(image: Path, mountpoint: Path) -> None:
                     if e.errno == errno.EBUSY:
                         continue
                     raise
-                ret = libc.mount(
-                    f"/dev/loop{n}".encode(), str(mountpoint).encode(), b"ext4",
-                    MS_NOSUID | MS_NODEV, None,
-                )  # fmt: skip
-                if ret != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"mount {mountpoint}: {os.strerror(err)}")
+                _mount(f"/dev/loop{n}", mountpoint, "ext4", MS_NOSUID | MS_NODEV)
                 return
             finally:
                 os.close(loop)  # with AUTOCLEAR, the mount now holds the device

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Settings
+from ..egress import sandboxing as egress
+from ..egress.proxy import EgressProxy
 from . import bwrap, disk
 from .backend import new_sandbox_id
 from .bwrap import (
@@ -214,6 +216,7 @@ class ForkedSandbox(BwrapSandbox):
         preimport: bool,
         template: Template,
         formatted_disk: Path,
+        egress_proxy: EgressProxy | None,
     ) -> None:
         # The template has imported the data stack. `preimport` (the warm pool's sandboxes)
         # runs its first-use paths once more in the child, so the pages they write are copied
@@ -227,6 +230,7 @@ class ForkedSandbox(BwrapSandbox):
             limits=limits,
             preimport=preimport,
             seccomp_program=b"",
+            egress_proxy=egress_proxy,
         )
         self.template = template
         self.formatted_disk = formatted_disk  # copied for each workspace (disk.create_from)
@@ -266,16 +270,17 @@ class ForkedSandbox(BwrapSandbox):
     def _order(self) -> dict[str, Any]:
         env = sandbox_env(self.limits, preimport=self.preimport)
         env["SANDBANK_INTERRUPT_FD"] = str(INTERRUPT_FD)
+        self._egress_env(env)
+        binds = [(str(self.dir / "egress"), egress.SOCKET_DIR_INSIDE)] if self.egress_proxy else []
         return {
             "uid": self.uid,
             "cgroup_procs": self.cgroup.procs_files(),
             "root": str(self.dir / "root"),
             "workspace": str(self.workspace),
-            "runtime": str(self.runtime_dir),
             "runtime_mount": RUNTIME_MOUNT,
-            "inside": str(INSIDE_DIR),
             "inside_mount": INSIDE_MOUNT,
             "etc_binds": list(ETC_BINDS),
+            "ro_binds": binds,  # (host path, sandbox path)
             "etc_files": self._etc_files(),  # written into the sandbox's own root
             "tmp_bytes": self.limits.tmp_bytes,
             "open_files": self.limits.open_files,
@@ -337,6 +342,7 @@ class ForkBackend(BwrapBackend):
             new_sandbox_id(), instance=self.instance, base_dir=self.base_dir,
             runtime_dir=self.runtime_dir, uids=self.uids, limits=self.limits,
             preimport=preimport, template=self.template, formatted_disk=self.formatted_disk,
+            egress_proxy=self.egress_proxy,
         )  # fmt: skip
         self._open.add(sandbox.id)
         sandbox.on_released = self._open.discard

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IsolationUnavailable, SandboxError
+from . import image
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ mkdir -p "$(dirname "$1")" "$(dirname "$3")" {CACHE}
 mkdir "$1" "$3"
 mount --bind -o ro "$2" "$1"
 mount --bind -o ro "$4" "$3"
+unset PWD OLDPWD  # the children's /proc/1/environ is the template's
 exec "$1/bin/python3" -s -m sandbank_inside.template "$5" "$6"
 """
 
@@ -67,6 +69,8 @@ class _Process:
     sock: socket.socket
     fingerprint: tuple[tuple[str, int], ...]
     generation: int
+    runtime: Path  # the runtime image's mount, bound by the sandboxes it forks
+    inside: Path  # the in-sandbox code's read-only mount, likewise
     forks: int = 0
     retired: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -134,8 +138,9 @@ class Template:
         for attempt in range(2):
             proc = await self._usable()
             try:
+                msg = {**order, "runtime": str(proc.runtime), "inside": str(proc.inside)}
                 async with proc.lock:
-                    result = await _uncancellable(asyncio.to_thread(proc.order, order, fds))
+                    result = await _uncancellable(asyncio.to_thread(proc.order, msg, fds))
                 proc.forks += 1
                 return result
             except TemplateGone:
@@ -214,7 +219,8 @@ class Template:
     # --- booting ---------------------------------------------------------------------------
     def _fingerprint(self) -> tuple[tuple[str, int], ...]:
         cfg = self.config
-        paths = [cfg.runtime_dir, cfg.runtime_dir / "pyvenv.cfg", cfg.inside_dir]
+        paths = [cfg.runtime_dir, cfg.runtime_dir / "pyvenv.cfg", image.image_of(cfg.runtime_dir)]
+        paths.append(cfg.inside_dir)
         paths += sorted(cfg.runtime_dir.glob("lib/python3*/site-packages"))
         paths += sorted(cfg.inside_dir.glob("*.py"))
         found = []
@@ -226,6 +232,10 @@ class Template:
     async def _boot(self) -> _Process:
         cfg = self.config
         fingerprint = self._fingerprint()
+        runtime = await asyncio.to_thread(image.mounted_runtime, cfg.runtime_dir)
+        inside = await asyncio.to_thread(
+            lambda: image.mounted_inside(image.tree_files(cfg.inside_dir))
+        )
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         hostns = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         t0 = time.monotonic()
@@ -233,7 +243,7 @@ class Template:
             proc = await asyncio.create_subprocess_exec(
                 "unshare", "--mount", "--propagation", "private", "--",
                 "sh", "-c", BOOT_SCRIPT, "sb-template",
-                cfg.runtime_mount, str(cfg.runtime_dir), cfg.inside_mount, str(cfg.inside_dir),
+                cfg.runtime_mount, str(runtime), cfg.inside_mount, str(inside),
                 str(theirs.fileno()), str(hostns),
                 env={**cfg.env, "PATH": f"{cfg.env.get('PATH', '')}:{HOST_PATH}"},
                 pass_fds=(theirs.fileno(), hostns),
@@ -248,7 +258,7 @@ class Template:
             os.close(hostns)
         self._watch_stderr(proc)
         self._generation += 1
-        p = _Process(proc, ours, fingerprint, self._generation)
+        p = _Process(proc, ours, fingerprint, self._generation, runtime, inside)
         try:
             boot = {
                 "seccomp": cfg.seccomp.hex(),

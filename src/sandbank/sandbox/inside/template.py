@@ -130,6 +130,8 @@ def build_root(order: dict[str, Any]) -> None:
     _bind(order["runtime"], root, order["runtime_mount"])
     _bind(order["inside"], root, order["inside_mount"])
     _bind(order["workspace"], root, "/workspace", ro=False)
+    for src, dst in order.get("ro_binds", ()):  # the egress proxy's socket directory
+        _bind(src, root, dst)
     os.makedirs(f"{root}/tmp")
     mount(
         "tmpfs",
