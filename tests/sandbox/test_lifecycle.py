@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -306,3 +307,25 @@ def test_a_data_dir_sandbox_users_cannot_reach_fails_saying_so(tmp_path: Path) -
     backend = BwrapBackend(settings(closed / "data"))
     with pytest.raises(IsolationUnavailable, match="not traversable"):
         backend.check()
+
+
+@pytest.mark.claims(HOST_RESOURCES)
+async def test_a_lease_cancelled_mid_start_leaves_nothing_and_the_next_lease_is_in_step(
+    runtime: Runtime,
+) -> None:
+    for delay in (0.0, 0.001, 0.005, 0.02, 0.06, 0.15):
+        task = asyncio.create_task(runtime.create("tests"))
+        await asyncio.sleep(delay)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            s = await task
+            await runtime.destroy(s.id, "tests")  # it finished before the cancellation
+    await runtime.drain()
+    sh = Shell(runtime, await runtime.create("tests"))
+    try:
+        assert (await sh.py("print('in step')")).stdout == "in step\n"
+    finally:
+        await runtime.destroy(sh.session.id, "tests")
+        await runtime.drain()
+    left = {k: v for k, v in runtime.backend.leftovers().items() if v}
+    assert left == {}, left

@@ -131,6 +131,18 @@ class BwrapSandbox(ManagedSandbox):
         return self.dir / "disk.img"
 
     async def _acquire(self) -> None:
+        # A lease cancelled here (its client left) must not leave a half-made sandbox: the
+        # thread making the disk and cgroups runs on regardless, so wait for it, then undo it.
+        task = asyncio.ensure_future(self._acquire_all())
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            with contextlib.suppress(BaseException):
+                await task
+            await self.close()
+            raise
+
+    async def _acquire_all(self) -> None:
         self._acquired = True
         self.uid = self.uids.claim()
         self.root_policy = (self.uid, self.uid, 0o700)

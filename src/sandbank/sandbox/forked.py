@@ -235,18 +235,6 @@ class ForkedSandbox(BwrapSandbox):
         self.template = template
         self.formatted_disk = formatted_disk  # copied for each workspace (disk.create_from)
 
-    async def _acquire(self) -> None:
-        # A lease cancelled here (its client left) must not leave a half-made sandbox: the
-        # thread making the disk and cgroups runs on regardless, so wait for it, then undo it.
-        task = asyncio.ensure_future(super()._acquire())
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            with contextlib.suppress(BaseException):
-                await task
-            await self.close()
-            raise
-
     def _acquire_sync(self) -> None:
         if not self.formatted_disk.exists():  # the factory was not started: the slow way
             super()._acquire_sync()

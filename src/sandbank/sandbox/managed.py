@@ -129,6 +129,9 @@ class ManagedSandbox(ABC):
             diag = worker.diagnostics()
             await worker.close()
             raise SandboxError(f"the sandbox failed to start: {diag or e!r}") from e
+        except BaseException:  # cancelled: its client left
+            await worker.close()
+            raise
         if not hello.get(protocol.READY):
             await worker.close()
             raise SandboxError("the sandbox failed to start: no ready signal")
