@@ -44,7 +44,7 @@ def test_a_healthy_machine_passes_and_a_sandbox_really_imports(
         code = doctor.run_checks(settings(data, port=free_port()), model=False, out=out)
     report = lines_of(out.getvalue())
     assert code == 0, out.getvalue()
-    for name in ("root", "bubblewrap", "cgroups", "loop devices", "data dir", "storage"):
+    for name in ("root", "isolation tools", "cgroups", "loop devices", "data dir", "storage"):
         assert report[name].startswith("ok "), report[name]
     assert report["runtime image"].startswith("ok ")
     assert "a sandbox imports the data stack" in report["runtime image"]

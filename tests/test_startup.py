@@ -212,12 +212,13 @@ def test_the_summary_names_the_parts_and_no_secret() -> None:
     assert "hunter2" not in line and "canary" not in line and "sb:" not in line
     for part in (
         "on http://127.0.0.1:8080",
-        "isolation bwrap",
+        "isolation fork",
         "data dir /srv/sb",
         "database postgresql (db.example:5433/sandbank)",
         "storage s3 (s3://bucket/prefix",
         "model openai:gpt-4.1-mini at http://127.0.0.1:8000/v1",
         "pool size 3",
+        f"max sessions {settings.max_sessions}",
     ):
         assert part in line
 

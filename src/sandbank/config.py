@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .capacity import derived_max_sessions
 from .egress.policy import NetworkPolicy
 from .egress.resolver import FixedResolver
 from .errors import ConfigError
@@ -65,11 +66,12 @@ class Settings(BaseSettings):
 
     # --- sandbox runtime ------------------------------------------------------------------
     isolation: Literal["bwrap", "fork", "none"] = Field(
-        "bwrap",
-        description="`bwrap` (namespaces, seccomp, cgroups); `fork`, the same isolation with "
-        "each sandbox forked from a warm template that has imported the data stack (less "
-        "memory per session, no cold start); or `none`: an UNISOLATED development mode that "
-        "must be chosen explicitly and logs a loud warning.",
+        "fork",
+        description="`fork` (the default): namespaces, seccomp and cgroups, each sandbox forked "
+        "from a warm template that has imported the data stack (a few MiB per session, no cold "
+        "start); `bwrap`, the same isolation with each sandbox a fresh bubblewrap and Python; "
+        "or `none`: an UNISOLATED development mode that must be chosen explicitly and logs a "
+        "loud warning.",
     )
     fork_preimport_modules: str = Field(
         "",
@@ -119,9 +121,12 @@ class Settings(BaseSettings):
         "first pandas call, for a few MiB more per session).",
     )
     max_sessions: int = Field(
-        16,
-        ge=1,
-        description="Live sessions; past it the least recently used idle one is reclaimed.",
+        0,
+        ge=0,
+        description="Live sessions; past it the least recently used idle one is reclaimed. "
+        "0 (the default) derives it from the machine's memory, its cores, "
+        "`memory_limit_mb` and the isolation's measured cost of an idle session (README, "
+        '"Capacity").',
     )
     max_sessions_per_tenant: int = Field(
         0,
@@ -513,6 +518,14 @@ class Settings(BaseSettings):
     @classmethod
     def _lower_level(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _derived(self) -> Settings:
+        if self.max_sessions == 0:
+            self.max_sessions = derived_max_sessions(
+                self.isolation, self.memory_limit_mb, self.uid_count
+            )
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

@@ -68,19 +68,21 @@ def check_root(settings: Settings) -> str:
     )
 
 
-def check_bubblewrap(settings: Settings) -> str:
+def check_isolation_tools(settings: Settings) -> str:
     from .sandbox.bwrap import HOST_PATH
 
     if settings.isolation == "none":
         raise Skipped("SANDBANK_ISOLATION=none: no isolation is used")
-    missing = [
-        package
-        for tool, package in (("bwrap", "bubblewrap"), ("setpriv", "util-linux"))
-        if shutil.which(tool, path=HOST_PATH) is None
-    ]
+    tools = {
+        "bwrap": (("bwrap", "bubblewrap"), ("setpriv", "util-linux")),
+        "fork": (("unshare", "util-linux"), ("mount", "mount")),
+    }[settings.isolation]
+    missing = [package for tool, package in tools if shutil.which(tool, path=HOST_PATH) is None]
     if missing:
         raise Failed(f"missing: {', '.join(missing)}", f"apt-get install {' '.join(missing)}")
-    return str(shutil.which("bwrap", path=HOST_PATH))
+    return f"{settings.isolation}: " + ", ".join(
+        str(shutil.which(tool, path=HOST_PATH)) for tool, _ in tools
+    )
 
 
 def check_cgroups(settings: Settings) -> str:
@@ -315,7 +317,7 @@ def _can_bind(host: str, port: int) -> bool:
 def checks(model: bool) -> list[tuple[str, Check]]:
     return [
         ("root", check_root),
-        ("bubblewrap", check_bubblewrap),
+        ("isolation tools", check_isolation_tools),
         ("cgroups", check_cgroups),
         ("loop devices", check_loop_devices),
         ("data dir", check_data_dir),

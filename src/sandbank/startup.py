@@ -37,7 +37,7 @@ def check_data_dir(settings: Settings, create: bool = True) -> None:
                 f"{name} cannot be created: {part} is a regular file; choose another path "
                 f"(e.g. {SUGGESTED_DATA_DIR})"
             )
-    if settings.isolation == "bwrap":
+    if settings.isolation != "none":
         # Sandbox users (uids of their own) must traverse every directory above their workspace;
         # the data directory itself is opened up by the server.
         for part in reversed(path.parents):
@@ -192,5 +192,6 @@ def summary(settings: Settings) -> str:
     return (
         f"sandbank {version()} on {address}; isolation {s.isolation}; data dir "
         f"{os.path.abspath(s.data_dir)}; database {database_kind(s)}; storage "
-        f"{storage_kind(s)}; model {model}; pool size {s.pool_size}"
+        f"{storage_kind(s)}; model {model}; pool size {s.pool_size}; max sessions "
+        f"{s.max_sessions}"
     )

@@ -329,3 +329,13 @@ async def test_a_lease_cancelled_mid_start_leaves_nothing_and_the_next_lease_is_
         await runtime.drain()
     left = {k: v for k, v in runtime.backend.leftovers().items() if v}
     assert left == {}, left
+
+
+@pytest.mark.claims(HOST_RESOURCES)
+async def test_all_sandboxes_of_a_server_share_one_memory_cap(runtime: Runtime) -> None:
+    from sandbank import capacity
+
+    group = cgroups.ROOT / "memory" / "sandbank" / runtime.backend.instance
+    limit = int((group / "memory.limit_in_bytes").read_text())
+    page = 4096
+    assert limit // page == capacity.sessions_memory() // page

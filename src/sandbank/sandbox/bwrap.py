@@ -17,6 +17,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from .. import capacity
 from ..config import Settings
 from ..egress import sandboxing as egress
 from ..egress.config import EgressConfig, build_proxy
@@ -371,6 +372,8 @@ class BwrapBackend(Backend):
         # Orphans of sandboxes (bwrap's inner init) are reparented to us instead of PID 1.
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         await asyncio.to_thread(self._cleanup_stale)
+        # Sessions are counted by their idle cost (capacity.py); together they stay below this.
+        cgroups.limit_instance(self.instance, capacity.sessions_memory())
 
     def _cleanup_stale(self) -> None:
         """Remove what a previous run of this data directory left; touch nothing else."""

@@ -113,6 +113,13 @@ class Cgroup:
         return any(p.exists() for p in self.paths)
 
 
+def limit_instance(instance: str, memory_bytes: int, root: Path = ROOT) -> None:
+    """Cap the memory of all this instance's sandboxes together (their parent group)."""
+    mem = root / V1_CONTROLLERS[0] / "sandbank" / instance
+    mem.mkdir(parents=True, exist_ok=True)
+    _write(mem / "memory.limit_in_bytes", memory_bytes)
+
+
 def instance_groups(instance: str, root: Path = ROOT) -> list[str]:
     """Names of this instance's sandbox groups present in any hierarchy."""
     names: set[str] = set()

@@ -1,0 +1,36 @@
+"""The default session count follows the machine's memory, the per-session limit and the backend."""
+
+from __future__ import annotations
+
+import os
+
+from sandbank import capacity
+from sandbank.config import Settings
+
+GiB = 1 << 30
+
+
+def test_fork_sessions_are_counted_by_their_idle_cost_after_room_for_busy_ones() -> None:
+    cpus = max(2, os.cpu_count() or 1)
+    n = capacity.derived_max_sessions("fork", 1024, 50000, total=24 * GiB)
+    assert n == (24 * 1024 - capacity.SERVER_RESERVE_MIB - cpus * 1024) // 24
+    bwrap = capacity.derived_max_sessions("bwrap", 1024, 50000, total=24 * GiB)
+    assert n > 3 * bwrap  # a fork shares the template's pages
+    # A bigger limit per session leaves less room for idle ones.
+    assert capacity.derived_max_sessions("fork", 4096, 50000, total=24 * GiB) < n
+
+
+def test_small_machines_get_the_floor_and_uids_bound_the_count() -> None:
+    assert capacity.derived_max_sessions("fork", 1024, 50000, total=2 * GiB) == capacity.FLOOR
+    assert capacity.derived_max_sessions("fork", 16, 10, total=64 * GiB) == 10
+
+
+def test_the_setting_is_derived_only_when_left_at_zero() -> None:
+    assert Settings(max_sessions=7).max_sessions == 7
+    derived = Settings(isolation="fork", memory_limit_mb=512).max_sessions
+    assert derived == capacity.derived_max_sessions("fork", 512, 50000)
+
+
+def test_sandboxes_together_leave_the_server_its_reserve() -> None:
+    assert capacity.sessions_memory(24 * GiB) == 24 * GiB - capacity.SERVER_RESERVE_MIB * (1 << 20)
+    assert capacity.sessions_memory(1 * GiB) == GiB // 2
