@@ -115,6 +115,7 @@ class Services:
         self.sandboxes: Sandboxes | None = None
         self.model: Model | SandbankError | None = None
         self.interpreter: InterpreterService | None = None
+        self.identity: Identity | None = None
         self._expiry: asyncio.Task[None] | None = None
         self._runs: asyncio.Task[None] | None = None
         self._shutdown: asyncio.Task[None] | None = None
@@ -160,7 +161,8 @@ class Services:
         files = SessionFiles(store, objects, s)
         runs = Runs(store, files, sandboxes, self.model, s, on_ended=self.metrics.run_ended)
         self.interpreter = InterpreterService(store, files, runs, s)
-        self.interpreter_api.bind(self.interpreter, Identity(store, s))
+        self.identity = Identity(store, s)
+        self.interpreter_api.bind(self.interpreter, self.identity)
         self._expiry = asyncio.create_task(self.interpreter.expire_forever())
         self._runs = asyncio.create_task(runs.serve_forever(), name="runs")
 
@@ -219,6 +221,8 @@ class Services:
             await self.model.aclose()
         if self.objects is not None:
             await self.objects.close()
+        if self.identity is not None:
+            await self.identity.key_use.settle()
         if self.store is not None:
             await self.store.close()
         if self._serve_lock is not None:
