@@ -2,7 +2,8 @@
 
 The choke points are thin wrappers, so the parts they measure know nothing of metrics: the
 HTTP middleware (requests by route and status), `MeteredRuntime` (sessions, leases, capacity
-refusals, exec latency and return codes) and `MeteredModel` (model calls, tokens, latency).
+refusals, exec latency, return codes, sandbox restarts by the sandbox's hook) and `MeteredModel`
+(model calls, tokens, latency).
 Labels are fixed vocabularies (route templates, tool names, outcomes), never ids or secrets.
 """
 
@@ -37,6 +38,7 @@ from .sandbox.base import (
     EditorCall,
     ExecResult,
     OnEvent,
+    RestartReason,
     ToolCall,
 )
 from .sandbox.sessions import ExecSession, Runtime
@@ -123,6 +125,14 @@ class Metrics:
             "Tool calls by how they ended: ok, error (non-zero), timeout (124), killed (137), "
             "signal (128+N).",
             ["tool", "outcome"],
+            registry=r,
+        )
+        self.sandbox_restarts = Counter(
+            "sandbank_sandbox_restarts",
+            "Session interpreters replaced by a fresh one, by reason: timeout (killed when it "
+            "ignored the interrupt), memory, crash, protocol, cancelled (a cancelled call that "
+            "did not stop).",
+            ["reason"],
             registry=r,
         )
         self.truncations = Counter(
@@ -235,6 +245,10 @@ class MeteredRuntime(Runtime):
     async def destroy(self, session_id: str, tenant: str) -> None:
         await super().destroy(session_id, tenant)
         self.metrics.sessions_destroyed.inc()
+
+    def sandbox_restarted(self, reason: RestartReason) -> None:
+        super().sandbox_restarted(reason)
+        self.metrics.sandbox_restarts.labels(reason).inc()
 
 
 class MeteredModel:
