@@ -98,6 +98,7 @@ class Services:
             check_exposure(settings, tokens)
             self.auth = TokenAuth(tokens)
             self.fleet = Fleet(settings)
+            self.metrics.watch_fleet(self.fleet.membership)
             self.exec_api = FrontApi(self.fleet, self.auth.tenant)
         else:
             self.runtime = MeteredRuntime(settings, self.metrics)

@@ -46,6 +46,7 @@ from .sandbox.sessions import ExecSession, Runtime
 if TYPE_CHECKING:
     from .config import Settings
     from .execapi.auth import TokenAuth
+    from .fleet.membership import Membership
 
 log = logging.getLogger("sandbank.model")
 # What the worker appends to a stream it cut (sandbox/inside/worker.py).
@@ -179,6 +180,15 @@ class Metrics:
         """Gauges read the runtime when scraped: no bookkeeping can drift."""
         self.registry.register(SessionStates(runtime))
         self.pool_ready.set_function(lambda: runtime.pool.ready)
+        Gauge(
+            "sandbank_sessions_max",
+            "Sessions this server leases at most (SANDBANK_MAX_SESSIONS).",
+            registry=self.registry,
+        ).set(runtime.settings.max_sessions)
+
+    def watch_fleet(self, membership: Membership) -> None:
+        """A front's view of its nodes' capacity, read from their latest reports when scraped."""
+        self.registry.register(FleetCapacity(membership))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -199,6 +209,45 @@ class SessionStates(Collector):
         family.add_metric(["busy"], busy)
         family.add_metric(["idle"], len(sessions) - busy)
         yield family
+
+
+class FleetCapacity(Collector):
+    """`sandbank_fleet_nodes{state}` and each node's sessions and room, as a front sees them."""
+
+    def __init__(self, membership: Membership) -> None:
+        self.membership = membership
+
+    def collect(self) -> Iterator[Metric]:
+        states = dict.fromkeys(("accepting", "full", "draining", "down"), 0)
+        used = GaugeMetricFamily(
+            "sandbank_fleet_node_sessions",
+            "Sessions on each node (its last report, and those placed since).",
+            labels=["node"],
+        )
+        room = GaugeMetricFamily(
+            "sandbank_fleet_node_max_sessions",
+            "Sessions each node leases at most (its last report).",
+            labels=["node"],
+        )
+        for member in self.membership.members.values():
+            report = member.report
+            if not member.up or report is None:
+                states["down"] += 1
+                continue
+            if report.draining:
+                states["draining"] += 1
+            else:
+                states["accepting" if member.accepting() else "full"] += 1
+            used.add_metric([member.name], member.used())
+            room.add_metric([member.name], report.max_sessions)
+        nodes = GaugeMetricFamily(
+            "sandbank_fleet_nodes", "Nodes this front knows, by state.", labels=["state"]
+        )
+        for state, count in states.items():
+            nodes.add_metric([state], count)
+        yield nodes
+        yield used
+        yield room
 
 
 class MeteredRuntime(Runtime):
