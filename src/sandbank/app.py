@@ -159,7 +159,7 @@ class Services:
             if isinstance(model, SandbankError)
             else MeteredModel(model, self.metrics, endpoint)
         )
-        files = SessionFiles(store, objects, s)
+        files = SessionFiles(store, objects, s, on_file=self.metrics.file_moved)
         runs = Runs(store, files, sandboxes, self.model, s, on_ended=self.metrics.run_ended)
         self.interpreter = InterpreterService(store, files, runs, s)
         self.identity = Identity(store, s)

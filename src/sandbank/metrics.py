@@ -142,6 +142,16 @@ class Metrics:
             ["stream"],
             registry=r,
         )
+        self.files = Counter(
+            "sandbank_files",
+            "Interpreter API files: uploads recorded, files runs produced, download URLs handed "
+            "out (code-execution file transfers are counted by route, in sandbank_http_*).",
+            ["op"],
+            registry=r,
+        )
+        self.file_bytes = Counter(
+            "sandbank_file_bytes", "Bytes of those files, by operation.", ["op"], registry=r
+        )
         self.model_calls = Counter(
             "sandbank_model_calls", "Requests to the model, by outcome.", ["outcome"], registry=r
         )
@@ -175,6 +185,11 @@ class Metrics:
         self.agent_runs.labels(outcome).inc()
         if steps:
             self.agent_steps.observe(steps)
+
+    def file_moved(self, op: str, size: int) -> None:
+        """A file of a session was stored or handed out (`SessionFiles`' hook)."""
+        self.files.labels(op).inc()
+        self.file_bytes.labels(op).inc(size)
 
     def watch_runtime(self, runtime: Runtime) -> None:
         """Gauges read the runtime when scraped: no bookkeeping can drift."""
