@@ -35,16 +35,19 @@ def settings_table() -> str:
 def describe(doc: dict[str, Any], dotted: str) -> str:
     """The added node's own description (following a $ref), first sentence only."""
     node: Any = doc
-    for key in dotted.split("."):
-        node = node[key]
+    rest = dotted
+    while rest:  # keys may hold dots themselves (`paths./openapi.json`): the longest that fits
+        key = max((k for k in node if rest == k or rest.startswith(f"{k}.")), key=len)
+        node, rest = node[key], rest[len(key) + 1 :]
     if "$ref" in node:
         ref, node = node["$ref"], doc
         for key in ref.removeprefix("#/").split("/"):
             node = node[key]
     if isinstance(node, list):  # parameters: the first one's description
         node = node[0]
-    if "get" in node:  # a new path
-        node = node["get"]
+    operations = [node[m] for m in ("get", "post", "delete") if m in node]
+    if operations:  # a new path: its first operation
+        node = operations[0]
     if "schema" in node and "description" not in node:  # a new media type of a response
         node = node["schema"]
     text = str(node.get("description") or node.get("summary") or "")

@@ -34,6 +34,7 @@ ROOT = (
     "tests/agent/test_inspect_real_sandbox",
     "tests/interpreter/test_cli",
     "tests/interpreter/test_logs",
+    "tests/interpreter/test_metrics",
     "tests/interpreter/test_sqlite_lock",
     "tests/test_metrics",
     "tests/web/test_page_states",

@@ -148,3 +148,26 @@ def test_file_bytes_are_counted_by_route(server: Server) -> None:
     grown_out = sample(server, "sandbank_http_bytes_total", route=route, direction="out")
     assert 10_000 < grown_in < 11_000  # the file and its multipart framing
     assert grown_out - before_out >= 10_000 + len(put.content)
+
+
+def test_a_restarted_interpreter_is_counted_by_reason(server: Server) -> None:
+    def restarts(reason: str) -> float:
+        return sample(server, "sandbank_sandbox_restarts_total", reason=reason)
+
+    before = {r: restarts(r) for r in ("crash", "memory", "timeout")}
+    with server.client(headers=AUTH) as client:
+        sid = client.post("/sessions", json={}).json()["session_id"]
+        assert run(client, sid, "x = 1") == 0
+        assert run(client, sid, "x") == 0  # state kept: no restart yet
+        assert restarts("crash") == before["crash"]
+        assert run(client, sid, "import os; os.kill(os.getpid(), 9)") == 137
+        assert run(client, sid, "print('fresh')") == 0  # a new interpreter answers
+        assert (
+            run(client, sid, "b = bytearray(400 * 2**20); b[::4096] = b'x' * len(b[::4096])") == 137
+        )
+        code = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"
+        assert run(client, sid, code, timeout=1) == 124
+        client.delete(f"/sessions/{sid}")
+    assert restarts("crash") == before["crash"] + 1
+    assert restarts("memory") == before["memory"] + 1
+    assert restarts("timeout") == before["timeout"] + 1

@@ -98,6 +98,7 @@ class Services:
             check_exposure(settings, tokens)
             self.auth = TokenAuth(tokens)
             self.fleet = Fleet(settings)
+            self.metrics.watch_fleet(self.fleet.membership)
             self.exec_api = FrontApi(self.fleet, self.auth.tenant)
         else:
             self.runtime = MeteredRuntime(settings, self.metrics)
@@ -115,6 +116,7 @@ class Services:
         self.sandboxes: Sandboxes | None = None
         self.model: Model | SandbankError | None = None
         self.interpreter: InterpreterService | None = None
+        self.identity: Identity | None = None
         self._expiry: asyncio.Task[None] | None = None
         self._runs: asyncio.Task[None] | None = None
         self._shutdown: asyncio.Task[None] | None = None
@@ -157,10 +159,11 @@ class Services:
             if isinstance(model, SandbankError)
             else MeteredModel(model, self.metrics, endpoint)
         )
-        files = SessionFiles(store, objects, s)
+        files = SessionFiles(store, objects, s, on_file=self.metrics.file_moved)
         runs = Runs(store, files, sandboxes, self.model, s, on_ended=self.metrics.run_ended)
         self.interpreter = InterpreterService(store, files, runs, s)
-        self.interpreter_api.bind(self.interpreter, Identity(store, s))
+        self.identity = Identity(store, s)
+        self.interpreter_api.bind(self.interpreter, self.identity)
         self._expiry = asyncio.create_task(self.interpreter.expire_forever())
         self._runs = asyncio.create_task(runs.serve_forever(), name="runs")
 
@@ -219,6 +222,8 @@ class Services:
             await self.model.aclose()
         if self.objects is not None:
             await self.objects.close()
+        if self.identity is not None:
+            await self.identity.key_use.settle()
         if self.store is not None:
             await self.store.close()
         if self._serve_lock is not None:

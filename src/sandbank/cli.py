@@ -185,8 +185,9 @@ def keys_list(args: argparse.Namespace) -> int:
         rows = []
         for key in await store.list_keys(args.name):
             state = f"revoked {_when(key.revoked_at)}" if key.revoked else "active"
-            rows.append([key.id, key.user_name, _when(key.created_at), state])
-        _table(["KEY_ID", "USER", "CREATED", "STATE"], rows)
+            used = "never" if key.last_used_at is None else _when(key.last_used_at)
+            rows.append([key.id, key.user_name, _when(key.created_at), used, state])
+        _table(["KEY_ID", "USER", "CREATED", "LAST_USED", "STATE"], rows)
 
     return _admin(args, action)
 

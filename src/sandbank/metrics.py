@@ -2,7 +2,8 @@
 
 The choke points are thin wrappers, so the parts they measure know nothing of metrics: the
 HTTP middleware (requests by route and status), `MeteredRuntime` (sessions, leases, capacity
-refusals, exec latency and return codes) and `MeteredModel` (model calls, tokens, latency).
+refusals, exec latency, return codes, sandbox restarts by the sandbox's hook) and `MeteredModel`
+(model calls, tokens, latency).
 Labels are fixed vocabularies (route templates, tool names, outcomes), never ids or secrets.
 """
 
@@ -37,6 +38,7 @@ from .sandbox.base import (
     EditorCall,
     ExecResult,
     OnEvent,
+    RestartReason,
     ToolCall,
 )
 from .sandbox.sessions import ExecSession, Runtime
@@ -44,6 +46,7 @@ from .sandbox.sessions import ExecSession, Runtime
 if TYPE_CHECKING:
     from .config import Settings
     from .execapi.auth import TokenAuth
+    from .fleet.membership import Membership
 
 log = logging.getLogger("sandbank.model")
 # What the worker appends to a stream it cut (sandbox/inside/worker.py).
@@ -125,11 +128,29 @@ class Metrics:
             ["tool", "outcome"],
             registry=r,
         )
+        self.sandbox_restarts = Counter(
+            "sandbank_sandbox_restarts",
+            "Session interpreters replaced by a fresh one, by reason: timeout (killed when it "
+            "ignored the interrupt), memory, crash, protocol, cancelled (a cancelled call that "
+            "did not stop).",
+            ["reason"],
+            registry=r,
+        )
         self.truncations = Counter(
             "sandbank_output_truncations",
             "Tool calls whose output was cut at SANDBANK_OUTPUT_LIMIT_BYTES, by stream.",
             ["stream"],
             registry=r,
+        )
+        self.files = Counter(
+            "sandbank_files",
+            "Interpreter API files: uploads recorded, files runs produced, download URLs handed "
+            "out (code-execution file transfers are counted by route, in sandbank_http_*).",
+            ["op"],
+            registry=r,
+        )
+        self.file_bytes = Counter(
+            "sandbank_file_bytes", "Bytes of those files, by operation.", ["op"], registry=r
         )
         self.model_calls = Counter(
             "sandbank_model_calls", "Requests to the model, by outcome.", ["outcome"], registry=r
@@ -165,10 +186,24 @@ class Metrics:
         if steps:
             self.agent_steps.observe(steps)
 
+    def file_moved(self, op: str, size: int) -> None:
+        """A file of a session was stored or handed out (`SessionFiles`' hook)."""
+        self.files.labels(op).inc()
+        self.file_bytes.labels(op).inc(size)
+
     def watch_runtime(self, runtime: Runtime) -> None:
         """Gauges read the runtime when scraped: no bookkeeping can drift."""
         self.registry.register(SessionStates(runtime))
         self.pool_ready.set_function(lambda: runtime.pool.ready)
+        Gauge(
+            "sandbank_sessions_max",
+            "Sessions this server leases at most (SANDBANK_MAX_SESSIONS).",
+            registry=self.registry,
+        ).set(runtime.settings.max_sessions)
+
+    def watch_fleet(self, membership: Membership) -> None:
+        """A front's view of its nodes' capacity, read from their latest reports when scraped."""
+        self.registry.register(FleetCapacity(membership))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -189,6 +224,45 @@ class SessionStates(Collector):
         family.add_metric(["busy"], busy)
         family.add_metric(["idle"], len(sessions) - busy)
         yield family
+
+
+class FleetCapacity(Collector):
+    """`sandbank_fleet_nodes{state}` and each node's sessions and room, as a front sees them."""
+
+    def __init__(self, membership: Membership) -> None:
+        self.membership = membership
+
+    def collect(self) -> Iterator[Metric]:
+        states = dict.fromkeys(("accepting", "full", "draining", "down"), 0)
+        used = GaugeMetricFamily(
+            "sandbank_fleet_node_sessions",
+            "Sessions on each node (its last report, and those placed since).",
+            labels=["node"],
+        )
+        room = GaugeMetricFamily(
+            "sandbank_fleet_node_max_sessions",
+            "Sessions each node leases at most (its last report).",
+            labels=["node"],
+        )
+        for member in self.membership.members.values():
+            report = member.report
+            if not member.up or report is None:
+                states["down"] += 1
+                continue
+            if report.draining:
+                states["draining"] += 1
+            else:
+                states["accepting" if member.accepting() else "full"] += 1
+            used.add_metric([member.name], member.used())
+            room.add_metric([member.name], report.max_sessions)
+        nodes = GaugeMetricFamily(
+            "sandbank_fleet_nodes", "Nodes this front knows, by state.", labels=["state"]
+        )
+        for state, count in states.items():
+            nodes.add_metric([state], count)
+        yield nodes
+        yield used
+        yield room
 
 
 class MeteredRuntime(Runtime):
@@ -235,6 +309,10 @@ class MeteredRuntime(Runtime):
     async def destroy(self, session_id: str, tenant: str) -> None:
         await super().destroy(session_id, tenant)
         self.metrics.sessions_destroyed.inc()
+
+    def sandbox_restarted(self, reason: RestartReason) -> None:
+        super().sandbox_restarted(reason)
+        self.metrics.sandbox_restarts.labels(reason).inc()
 
 
 class MeteredModel:

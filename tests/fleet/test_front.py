@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fleet.support import TOKEN, LoopbackFleet, front, node, scratch_dir
 
@@ -72,6 +73,30 @@ def test_sessions_spread_across_nodes_and_each_call_reaches_its_node(
         r = client.post(f"/sessions/{sid}/exec", json={**CODE, "input": {"code": "print(x)"}})
         assert r.json()["result_block"]["content"]["stdout"] == f"{sid}\n"
         assert client.delete(f"/sessions/{sid}").status_code == 204
+
+
+def test_the_front_reports_its_nodes_capacity_as_metrics(
+    fleet: LoopbackFleet, client: httpx.Client
+) -> None:
+    sid = create(client)
+    text = httpx.get(f"{fleet.base_url}/metrics").text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("sandbank_fleet_nodes", (("state", "accepting"),))] == 2
+    assert samples[("sandbank_fleet_nodes", (("state", "down"),))] == 0
+    for name in ("node-0", "node-1"):
+        assert samples[("sandbank_fleet_node_max_sessions", (("node", name),))] == 6
+    used = [samples[("sandbank_fleet_node_sessions", (("node", n),))] for n in fleet.nodes]
+    assert sum(used) >= 1  # the session just placed (reported, or counted as placed)
+    node = httpx.get(
+        f"{fleet.nodes[node_of(sid)].base_url}/metrics",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    ).text
+    assert "sandbank_sessions_max 6.0" in node
+    client.delete(f"/sessions/{sid}")
 
 
 def test_a_forged_or_altered_session_id_is_refused(client: httpx.Client) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -50,13 +51,21 @@ def test_bad_user_names_are_refused(server: Server, name: str) -> None:
     assert "Traceback" not in done.stderr
 
 
-def test_keys_are_listed_with_a_header_and_creation_time(server: Server) -> None:
+def test_keys_are_listed_with_a_header_creation_and_last_use(server: Server) -> None:
     with server.new_user() as carol:
         header, row = server.cli("keys", "list", carol.name).splitlines()
-    assert header.split() == ["KEY_ID", "USER", "CREATED", "STATE"]
-    _key_id, user, day, clock, state = row.split()
-    assert user == carol.name and state == "active"
+        carol.ok("GET", "/api/sessions")
+        deadline = time.monotonic() + 10  # written just after the request is answered
+        while (used := server.cli("keys", "list", carol.name).splitlines()[1]).endswith(
+            "never active"
+        ) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert header.split() == ["KEY_ID", "USER", "CREATED", "LAST_USED", "STATE"]
+    _key_id, user, day, clock, last_used, state = row.split()
+    assert user == carol.name and (last_used, state) == ("never", "active")
     assert len(day) == 10 and len(clock) == 8
+    _key_id, _user, _day, _clock, used_day, used_clock, state = used.split()
+    assert state == "active" and (used_day, used_clock) >= (day, clock)
 
 
 def test_sessions_are_listed_newest_first_with_a_title(server: Server) -> None:

@@ -371,7 +371,7 @@ def test_keys_can_be_added_listed_and_revoked(server: Server) -> None:
         listing = server.cli("keys", "list", dave.name)
         assert dave.key not in listing and second not in listing
         header, *rows = listing.splitlines()
-        assert header.split() == ["KEY_ID", "USER", "CREATED", "STATE"]
+        assert header.split() == ["KEY_ID", "USER", "CREATED", "LAST_USED", "STATE"]
         ids = [line.split()[0] for line in rows]
         assert len(ids) == 2
         with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {second}"}) as c:

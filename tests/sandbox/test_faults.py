@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 
 import pytest
@@ -144,3 +145,19 @@ async def test_restarts_release_the_old_worker_descriptor_and_pid(sb: Shell) -> 
         assert (await sb.py("print(2)")).stdout == "2\n"
     assert len(os.listdir("/proc/self/fd")) <= fds
     assert len(WorkerProcess.spawned) <= spawned
+
+
+async def test_the_runtime_is_told_why_an_interpreter_is_replaced(sb: Shell) -> None:
+    reasons: list[str] = []
+    sb.session.sandbox.on_restart = reasons.append
+    await sb.py("kept = 1")
+    assert (await sb.py("import os; os.kill(os.getpid(), 9)")).return_code == 137
+    await sb.py(FORGE_FRAME.format(frame=b"\x00\x00\x00\x03abc"))
+    stubborn = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"
+    call = asyncio.create_task(sb.py(stubborn))
+    await asyncio.sleep(1)
+    call.cancel()  # a cancelled run: its code ignores the interrupt, so the worker goes
+    with contextlib.suppress(asyncio.CancelledError):
+        await call
+    assert (await sb.py("print('after')")).stdout == "after\n"
+    assert reasons == ["crash", "protocol", "cancelled"]

@@ -239,7 +239,7 @@ def test_replicas_starting_together_migrate_once(postgres_server: str) -> None:
         conninfo = url.replace("postgresql+psycopg://", "postgresql://")
         with psycopg.connect(conninfo) as conn:
             versions = conn.execute("SELECT version_num FROM alembic_version").fetchall()
-            assert versions == [("0002",)]
+            assert versions == [("0003",)]
     finally:
         for store in opened:
             store._engines.dispose()

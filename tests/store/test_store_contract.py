@@ -59,6 +59,21 @@ async def test_a_key_authenticates_its_user_until_revoked(store: Store) -> None:
         await store.create_key("carol")
 
 
+async def test_a_key_remembers_its_latest_use(store: Store) -> None:
+    await store.create_user("alice")
+    key, secret = await store.create_key("alice")
+    other, _ = await store.create_key("alice")
+    assert (await store.list_keys("alice"))[0].last_used_at is None
+
+    await store.key_used(secret, 2000.0)
+    await store.key_used(secret, 1000.0)  # a replica's late write does not go back in time
+    await store.key_used(secret + "x", 3000.0)  # no such key: nothing happens
+    used = {k.id: k.last_used_at for k in await store.list_keys("alice")}
+    assert used == {key.id: 2000.0, other.id: None}
+    await store.key_used(secret, 2500.0)
+    assert {k.id: k.last_used_at for k in await store.list_keys("alice")}[key.id] == 2500.0
+
+
 async def test_delete_user_removes_everything_they_own(store: Store) -> None:
     s1 = await _session_of(store, "alice")
     s2 = await _session_of(store, "alice")
@@ -306,7 +321,7 @@ async def test_reopening_keeps_data_and_reapplies_no_migration(
     with engine.connect() as conn:
         versions = conn.execute(sa.text("SELECT version_num FROM alembic_version")).all()
     engine.dispose()
-    assert [v[0] for v in versions] == ["0002"]
+    assert [v[0] for v in versions] == ["0003"]
 
 
 async def test_the_default_database_is_sqlite_in_the_data_dir(tmp_path: Path) -> None:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from sandbank.config import MiB, Settings
 from sandbank.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge, QuotaExceeded
 from sandbank.files import ObjectStore, PresignedPost, UploadReceiver, object_key, session_prefix
-from sandbank.store import FileRecord, Store
+from sandbank.store import FileRecord, Origin, Store
 
 SIGNED_FIELDS = ("key", "policy", "signature")
 MAX_FIELD = 8192
 MULTIPART_SLACK = 64 * 1024  # boundaries and fields beside the file, in a declared length
+# What a metric counts: an upload recorded, a file a run produced, a download URL handed out.
+FileOp = Literal["upload", "produced", "download"]
 FormParts = AsyncIterator[tuple[str, str | None, AsyncIterator[bytes]]]
 
 
@@ -35,10 +38,17 @@ class Download:
 class SessionFiles:
     """Uploads (origin `user`) and files produced by runs (origin `assistant`) of sessions."""
 
-    def __init__(self, store: Store, objects: ObjectStore, settings: Settings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        objects: ObjectStore,
+        settings: Settings,
+        on_file: Callable[[FileOp, int], None] | None = None,
+    ) -> None:
         self.store = store
         self.objects = objects
         self.settings = settings
+        self.on_file = on_file  # (operation, bytes) of each file stored or handed out: metrics
         # An upload can never exceed what a sandbox accepts: PutFile's cap and its disk.
         self.upload_cap = min(settings.put_file_max_bytes, settings.disk_limit_mb * MiB)
         # S3 calls nobody back after an upload: forms handed out are noted in the database
@@ -78,9 +88,16 @@ class SessionFiles:
         for filename, expires in (await self.store.pending_uploads(session_id)).items():
             size = await self.objects.size(object_key(session_id, filename))
             if size is not None:
-                await self.store.upsert_file(session_id, filename, size, "user")
+                await self.record(session_id, filename, size, "user")
             if expires < now:
                 await self.store.drop_upload(session_id, filename)  # no upload can start now
+
+    async def record(self, session_id: str, filename: str, size: int, origin: Origin) -> FileRecord:
+        """Record a file stored in the object store: an upload, or a file a run produced."""
+        record = await self.store.upsert_file(session_id, filename, size, origin)
+        if self.on_file is not None:
+            self.on_file("upload" if origin == "user" else "produced", size)
+        return record
 
     async def list(self, session_id: str) -> list[FileRecord]:
         await self.reconcile(session_id)
@@ -88,8 +105,11 @@ class SessionFiles:
 
     async def download_url(self, session_id: str, filename: str) -> str:
         await self.reconcile(session_id)
-        if await self.store.get_file(session_id, filename) is None:
+        record = await self.store.get_file(session_id, filename)
+        if record is None:
             raise NotFound(f"no file {filename!r} in this session")
+        if self.on_file is not None:
+            self.on_file("download", record.size)
         shown = filename.rsplit("/", 1)[-1]
         return await self.objects.presign_get(
             object_key(session_id, filename), shown, self.settings.presigned_url_expiry_seconds
@@ -124,7 +144,7 @@ class SessionFiles:
             if await self.store.get_session(session_id) is None:
                 await self.objects.delete(key)  # deleted while uploading
                 raise NotFound("the session of this upload no longer exists")
-            await self.store.upsert_file(session_id, filename, size, "user")
+            await self.record(session_id, filename, size, "user")
             return
         raise BadRequest("the form has no `file` part")
 

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import logging
+import time
 
 from starlette.requests import Request
 
 from sandbank.config import Settings
-from sandbank.errors import Forbidden
+from sandbank.errors import Forbidden, SandbankError
 from sandbank.store import Store, User
+from sandbank.store.base import hash_secret
 
+log = logging.getLogger("sandbank.identity")
+# A key's last use is written at most this often: a busy key must not write on every request.
+KEY_USE_EVERY_S = 60.0
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -29,6 +36,39 @@ def is_trusted(address: str | None, networks: list[Network]) -> bool:
     return any(ip in net for net in networks)
 
 
+class KeyUse:
+    """Records when keys are used, off the request's path and at most once a period per key."""
+
+    def __init__(self, store: Store, every: float = KEY_USE_EVERY_S) -> None:
+        self.store = store
+        self.every = every
+        self._written: dict[str, float] = {}  # secret hash -> monotonic time of the last write
+        self._writes: set[asyncio.Task[None]] = set()
+
+    def note(self, secret: str) -> None:
+        digest = hash_secret(secret)
+        now = time.monotonic()
+        last = self._written.get(digest)
+        if last is not None and now - last < self.every:
+            return
+        self._written[digest] = now
+        write = asyncio.create_task(self._write(secret, time.time()))
+        self._writes.add(write)
+        write.add_done_callback(self._writes.discard)
+
+    async def _write(self, secret: str, at: float) -> None:
+        try:
+            await self.store.key_used(secret, at)
+        except SandbankError as error:
+            # Bookkeeping only: the request it came from has long been answered.
+            log.warning("could not record an API key's use: %s", error.message)
+
+    async def settle(self) -> None:
+        """Wait for the writes under way (before the store closes)."""
+        while self._writes:
+            await asyncio.wait(set(self._writes))
+
+
 class Identity:
     """Who is calling the interpreter API."""
 
@@ -36,6 +76,7 @@ class Identity:
         self.store = store
         self.header = settings.trusted_user_header.strip().lower()
         self.proxies = parse_networks(settings.trusted_proxies)
+        self.key_use = KeyUse(store)
 
     async def user(self, request: Request) -> User:
         """The authenticated user; `Forbidden` (403, as the spec says) otherwise."""
@@ -56,4 +97,5 @@ class Identity:
         user = await self.store.authenticate(secret.strip())
         if user is None:
             raise Forbidden("the API key was not accepted")
+        self.key_use.note(secret.strip())
         return user

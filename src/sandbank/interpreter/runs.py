@@ -494,7 +494,7 @@ class Runs:
             size = await self.sandboxes.read_file(lease.sandbox_id, owner, entry.path, tmp, cap)
             await anyio.to_thread.run_sync(tmp.seek, 0)
             await self.files.objects.put(object_key(run.session_id, name), tmp, size)
-        record = await self.store.upsert_file(run.session_id, name, size, "assistant")
+        record = await self.files.record(run.session_id, name, size, "assistant")
         lease.placed[name] = record.updated_at
 
 

@@ -12,12 +12,13 @@ import hashlib
 import os
 import shutil
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, Protocol
 
 from ..config import MiB, Settings
 from ..egress.proxy import EgressProxy
-from .base import ExecResult, OnEvent, ToolCall
+from .base import ExecResult, OnEvent, RestartReason, ToolCall
 from .managed import Limits
 
 # Properties a backend can claim (each one a part of the contract suite):
@@ -35,6 +36,8 @@ class Sandbox(Protocol):
     uid: int  # who owns the workspace's files (0: the server's own user)
     # The workspace root's (uid, gid, mode), given back before every start (None: leave it).
     root_policy: tuple[int, int, int] | None
+    # Told when the interpreter is replaced after a timeout kill, a crash or a memory kill.
+    on_restart: Callable[[RestartReason], None] | None
 
     @property
     def workspace(self) -> Path:

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# Why a session's interpreter was replaced by a fresh one (after the answer to the call).
+RestartReason = Literal["timeout", "memory", "crash", "protocol", "cancelled"]
 EditorCommand = Literal["view", "create", "str_replace", "insert", "undo_edit"]
 
 # Return codes the runtime itself assigns (documented in the README):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..config import Settings
 from .backend import RUNTIME, Backend, new_sandbox_id
-from .base import RC_KILLED, RC_TIMEOUT, ExecResult, OnEvent, ToolCall
+from .base import RC_KILLED, RC_TIMEOUT, ExecResult, OnEvent, RestartReason, ToolCall
 
 Handler = Callable[[ToolCall], ExecResult | Awaitable[ExecResult]]
 
@@ -34,6 +34,7 @@ class FakeSandbox:
         self.id = sandbox_id
         self.uid = 0
         self.root_policy: tuple[int, int, int] | None = None
+        self.on_restart: Callable[[RestartReason], None] | None = None  # it never restarts
         self.dir = base_dir / sandbox_id
         self.handler = handler
         self.calls: list[ToolCall] = []

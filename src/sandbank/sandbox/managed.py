@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from .base import (
     ExecResult,
     OnEvent,
     PythonCall,
+    RestartReason,
     ToolCall,
 )
 from .channel import WorkerBroken, WorkerGone, WorkerProcess
@@ -75,6 +77,7 @@ class ManagedSandbox(ABC):
         self._lock = asyncio.Lock()
         self._closed = False
         self.restarts = 0
+        self.on_restart: Callable[[RestartReason], None] | None = None  # the runtime's hook
         # The workspace root's (uid, gid, mode), restored before every start of a worker:
         # sandboxed code may chmod it away (`chmod -R 644 .`), which would brick every restart.
         self.root_policy: tuple[int, int, int] | None = None
@@ -137,15 +140,17 @@ class ManagedSandbox(ABC):
             raise SandboxError("the sandbox failed to start: no ready signal")
         return worker
 
-    def _schedule_restart(self) -> None:
+    def _schedule_restart(self, reason: RestartReason) -> None:
         if self._closed or (self._restart and not self._restart.done()):
             return
         old, self._worker = self._worker, None
-        self._restart = asyncio.create_task(self._do_restart(old))
+        self._restart = asyncio.create_task(self._do_restart(old, reason))
 
-    async def _do_restart(self, old: WorkerProcess | None) -> None:
-        await self._retire(old)
+    async def _do_restart(self, old: WorkerProcess | None, reason: RestartReason) -> None:
         self.restarts += 1
+        if self.on_restart is not None:
+            self.on_restart(reason)
+        await self._retire(old)
         self._worker = await self._start_worker()
 
     async def _retire(self, worker: WorkerProcess | None) -> None:
@@ -247,7 +252,7 @@ class ManagedSandbox(ABC):
         except (TimeoutError, WorkerGone):
             pass
         self._worker = None
-        await self._do_restart(worker)
+        await self._do_restart(worker, "cancelled")
 
     async def _on_timeout(
         self, worker: WorkerProcess, call: ToolCall, deadline: float
@@ -273,7 +278,7 @@ class ManagedSandbox(ABC):
                 return res
             except (TimeoutError, WorkerGone):
                 pass
-        self._schedule_restart()
+        self._schedule_restart("timeout")
         return ExecResult(
             stderr=(
                 "[sandbank] timed out: the code did not stop when interrupted, so the "
@@ -289,15 +294,18 @@ class ManagedSandbox(ABC):
         if self._closed:
             return _result_of_destroyed(time.monotonic())
         status = await worker.wait(timeout=2.0)
+        reason: RestartReason = "crash"
         if broken is not None:
             cause, rc = f"the interpreter broke the protocol ({broken}) and was killed", RC_KILLED
+            reason = "protocol"
         elif self._oom_count() > oom_before:
             mib = self.limits.memory_bytes // (1024 * 1024)
             limit = f"{mib // 1024} GiB" if mib % 1024 == 0 else f"{mib} MiB"
             cause, rc = f"killed: memory limit of {limit} exceeded", RC_KILLED
+            reason = "memory"
         else:
             cause, rc = self._death_cause(status)
-        self._schedule_restart()
+        self._schedule_restart(reason)
         return ExecResult(
             stderr=(
                 f"[sandbank] {cause}. The interpreter's state (variables, imports) was lost; "

@@ -15,7 +15,7 @@ from ..egress.config import EgressConfig
 from ..egress.policy import NetworkPolicy
 from ..errors import AtCapacity, SessionNotFound
 from .backend import Backend, Sandbox
-from .base import RC_TIMEOUT, ExecResult, OnEvent, ToolCall
+from .base import RC_TIMEOUT, ExecResult, OnEvent, RestartReason, ToolCall
 from .chooser import backend_for
 from .pool import WarmPool
 from .workspace import OpenFile
@@ -106,6 +106,7 @@ class Runtime:
         s = self.settings
         self._make_room(tenant)
         sandbox = await self.pool.take()
+        sandbox.on_restart = self.sandbox_restarted
         session = ExecSession(
             id=secrets.token_urlsafe(18),
             tenant=tenant,
@@ -118,6 +119,10 @@ class Runtime:
             self.backend.egress_proxy.lease(sandbox.id, session.id, session.network)
         self._sessions[session.id] = session
         return session
+
+    def sandbox_restarted(self, reason: RestartReason) -> None:
+        """A session's interpreter is being replaced (its state is lost, its files kept)."""
+        log.info("a session's interpreter is restarted (%s)", reason)
 
     def _make_room(self, tenant: str) -> None:
         """Reclaim an idle session if needed, never below another tenant's fair share."""

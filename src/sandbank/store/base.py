@@ -41,6 +41,7 @@ class ApiKey:
     user_name: str
     created_at: float
     revoked_at: float | None = None
+    last_used_at: float | None = None  # recorded about once a minute at most (see `key_used`)
 
     @property
     def revoked(self) -> bool:
@@ -143,6 +144,11 @@ class Store(Protocol):
     async def list_keys(self, user_name: str | None = None) -> list[ApiKey]: ...
     async def revoke_key(self, key_id: str) -> None: ...
     async def authenticate(self, secret: str) -> User | None: ...
+
+    async def key_used(self, secret: str, at: float) -> None:
+        """Record that the key with this secret was used at `at`; an earlier time, or a secret
+        that names no key, changes nothing."""
+        ...
 
     # --- sessions ----------------------------------------------------------------------------
     async def create_session(self, user_id: str, ttl_seconds: float) -> ChatSession: ...

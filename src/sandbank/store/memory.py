@@ -106,6 +106,12 @@ class MemoryStore:
                 return self._users.get(key.user_id)
         return None
 
+    async def key_used(self, secret: str, at: float) -> None:
+        digest = hash_secret(secret)
+        for key_id, (key, stored) in self._keys.items():
+            if stored == digest and (key.last_used_at or 0.0) < at:
+                self._keys[key_id] = (dataclasses.replace(key, last_used_at=at), digest)
+
     # --- sessions ----------------------------------------------------------------------------
     async def create_session(self, user_id: str, ttl_seconds: float) -> ChatSession:
         if user_id not in self._users:

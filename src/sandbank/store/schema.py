@@ -22,6 +22,7 @@ api_keys = sa.Table(
     sa.Column("secret_hash", sa.String(64), nullable=False, unique=True),
     sa.Column("created_at", sa.Double(), nullable=False),
     sa.Column("revoked_at", sa.Double(), nullable=True),
+    sa.Column("last_used_at", sa.Double(), nullable=True),  # migration 0003
 )
 
 sessions = sa.Table(

@@ -150,7 +150,10 @@ class SqlStore:
         if user_name is not None:
             query = query.where(users.c.name == user_name)
         rows = await self._read(_all(query))
-        return [ApiKey(r.id, r.user_id, r.user_name, r.created_at, r.revoked_at) for r in rows]
+        return [
+            ApiKey(r.id, r.user_id, r.user_name, r.created_at, r.revoked_at, r.last_used_at)
+            for r in rows
+        ]
 
     async def revoke_key(self, key_id: str) -> None:
         def run(conn: Conn) -> None:
@@ -173,6 +176,16 @@ class SqlStore:
         )
         row = await self._read(_one(query))
         return None if row is None else _user(row)
+
+    async def key_used(self, secret: str, at: float) -> None:
+        last = api_keys.c.last_used_at
+        update = (
+            sa.update(api_keys)
+            .where(api_keys.c.secret_hash == hash_secret(secret))
+            .where(sa.or_(last.is_(None), last < at))  # replicas may write out of order
+            .values(last_used_at=at)
+        )
+        await self._write(lambda conn: conn.execute(update))
 
     # --- sessions ----------------------------------------------------------------------------
     async def create_session(self, user_id: str, ttl_seconds: float) -> ChatSession:
