@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from tests.agent.fake_llm_servers import (
+    CHUNK_DELAY,
     FakeLLMServer,
     anthropic_answer,
     anthropic_tool_use,
@@ -94,8 +95,11 @@ HOSTILE_ANSWER = (
     '<img src="https://outside.invalid/img.png">\n\n'
     "[click me](javascript:window.__sbPwned='link') and <b onmouseover=\"window.__sbPwned='b'\">bold</b>"
 )
+# Streamed a word every SLOW_CHUNK_S when asked "slowly": text visibly arrives before the end.
+SLOW_ANSWER = "Counting " + " ".join(f"w{i}" for i in range(1, 15)) + " done."
+SLOW_CHUNK_S = 0.12
 # Keyword in the question → an answer given without running code.
-DIRECT = {"hostile": HOSTILE_ANSWER}
+DIRECT = {"hostile": HOSTILE_ANSWER, "slowly": SLOW_ANSWER}
 _ids = itertools.count(1)
 
 
@@ -120,7 +124,10 @@ def openai_reply(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         return openai_answer(_answer_for(str(question["content"]), str(last["content"])))
     code = _code_for(str(last["content"]))
     if code is None:
-        return openai_answer(_direct_answer(str(last["content"])))
+        status, body = openai_answer(_direct_answer(str(last["content"])))
+        if "slowly" in str(last["content"]).lower():
+            body[CHUNK_DELAY] = SLOW_CHUNK_S
+        return status, body
     status, body = openai_tool_call(code)
     body["choices"][0]["message"]["tool_calls"][0]["id"] = f"call_{next(_ids)}"
     return status, body
