@@ -63,6 +63,32 @@ fig.update_layout(title="Sum 42")
 fig.show()
 open("summary.md", "w").write("# Summary\\n\\nThe **total** is 42.\\n")
 """
+# Display bundles with hostile markup: a table that must survive sanitizing, and what must not.
+DISPLAY_CODE = """\
+class Table:
+    def _repr_html_(self):
+        return (
+            '<style>body { display: none }</style>'
+            '<table border="1" class="dataframe" onclick="parent.__sbPwned = 1">'
+            '<thead><tr><th>name</th><th>value</th></tr></thead>'
+            '<tbody><tr><td>a</td><td colspan="1">42</td></tr></tbody></table>'
+            '<script>parent.__sbPwned = "script"</script>'
+            '<img src="missing.png" onerror="window.__sbPwned = 1">'
+            '<a href="javascript:window.__sbPwned = 1">click me</a>'
+            '<iframe src="https://outside.invalid/frame"></iframe>'
+            '<img src="https://outside.invalid/pixel.png">'
+        )
+class Dot:
+    def _repr_svg_(self):
+        return (
+            '<svg xmlns="http://www.w3.org/2000/svg" width="40" height="40">'
+            '<circle cx="20" cy="20" r="16" fill="teal"/>'
+            '<script>parent.__sbPwned = "svg"</script></svg>'
+        )
+display(Table())
+display(Dot())
+print("shown")
+"""
 # Keyword in the question → the code the model runs.
 CODE = {
     "chart": CHART_CODE,
@@ -72,6 +98,7 @@ CODE = {
     "page": PAGE_CODE,
     "plotly": PLOTLY_CODE,
     "nap": "import time\ntime.sleep(1.5)\nprint('rested')",
+    "display": DISPLAY_CODE,
 }
 # Keyword in the question → the final answer (`{result}`: the tool's output as the model saw it).
 ANSWERS = {
