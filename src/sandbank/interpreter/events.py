@@ -22,7 +22,7 @@ HEARTBEAT_S = 15.0  # a comment line this often keeps idle proxies from closing 
 EndReason = Literal["ended", "deleted", "timeout", "shutdown"]
 
 
-@dataclass
+@dataclass(eq=False)  # by identity: kept in sets
 class Listener:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     texts: list[tuple[int, str]] = field(default_factory=list)  # (step, piece)
