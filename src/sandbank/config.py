@@ -375,6 +375,12 @@ class Settings(BaseSettings):
     max_sessions_per_user: int = Field(
         100, ge=1, description="Interpreter sessions one user may have at once."
     )
+    event_stream_max_seconds: float = Field(
+        600.0,
+        gt=0,
+        description="Longest life of one `GET /api/sessions/{id}/events` stream; a client "
+        "still waiting reconnects with `from` (its run is not affected).",
+    )
     max_stored_bytes_per_user: int = Field(
         1024 * MiB,
         ge=1,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 from urllib.parse import quote
 
 from starlette.exceptions import HTTPException
@@ -116,6 +118,16 @@ class HostAllowList:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+# Server-Sent Events: never cached, never buffered by a proxy (nginx reads the second).
+SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+
+
+def sse(event: str, data: Any, event_id: str | None = None) -> bytes:
+    """One Server-Sent Event; `event_id` becomes the client's `Last-Event-ID` on reconnect."""
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
 def untrusted_file_headers(filename: str, size: int | None = None) -> dict[str, str]:

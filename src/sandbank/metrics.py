@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .agent.model import ChatMessage, Model, ModelReply, ToolSpec
+from .agent.model import ChatMessage, Model, ModelReply, TextSink, ToolSpec
 from .egress.policy import NetworkPolicy
 from .errors import AgentError, AtCapacity
 from .sandbox.base import (
@@ -324,10 +324,12 @@ class MeteredModel:
         self.metrics = metrics
         self.endpoint = endpoint
 
-    async def complete(self, messages: list[ChatMessage], tools: list[ToolSpec]) -> ModelReply:
+    async def complete(
+        self, messages: list[ChatMessage], tools: list[ToolSpec], on_text: TextSink | None = None
+    ) -> ModelReply:
         started = time.monotonic()
         try:
-            reply = await self.model.complete(messages, tools)
+            reply = await self.model.complete(messages, tools, on_text)
         except AgentError as error:
             self.metrics.model_calls.labels("error").inc()
             log.warning("model request failed (%s): %s", self.endpoint, error.message)

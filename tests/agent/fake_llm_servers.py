@@ -1,9 +1,12 @@
-"""Scripted fake LLM servers on loopback: OpenAI's chat completions and Anthropic's messages."""
+"""Scripted fake LLM servers on loopback: OpenAI's chat completions and Anthropic's messages,
+whole or, when the request asks for `stream`, as Server-Sent Events cut from the same reply."""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -11,6 +14,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 Reply = tuple[int, dict[str, Any]]  # HTTP status, JSON body
+# A reply's body may carry this key (removed before sending): seconds between streamed chunks.
+CHUNK_DELAY = "_fake_chunk_delay"
+_PIECES = re.compile(r"\s*\S+\s*|\s+")
+
+
+def pieces(text: str, size: int = 1) -> list[str]:
+    """`text` cut into runs of `size` words (with their spaces): they join back exactly."""
+    words = _PIECES.findall(text)
+    return ["".join(words[i : i + size]) for i in range(0, len(words), size)]
 
 
 @dataclass
@@ -47,6 +59,21 @@ def serve_replies(
             fake.paths.append(self.path)
             fake.requests.append(body)
             status, payload = reply(fake, self.path, body)
+            payload = dict(payload)
+            delay = float(payload.pop(CHUNK_DELAY, 0.0))
+            if body.get("stream") and status == 200:
+                anthropic = self.path.endswith("/messages")
+                events = anthropic_events(payload) if anthropic else openai_chunks(payload, body)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for name, data_ in events:
+                    head = f"event: {name}\n" if name else ""
+                    self.wfile.write(f"{head}data: {data_}\n\n".encode())
+                    self.wfile.flush()
+                    time.sleep(delay)
+                self.close_connection = True
+                return
             data = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -69,6 +96,56 @@ def serve_replies(
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def openai_chunks(body: dict[str, Any], request: dict[str, Any]) -> list[tuple[str, str]]:
+    """A chat completion as the `chat.completion.chunk` events that stream it."""
+    head = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    message = body["choices"][0]["message"]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> tuple[str, str]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return "", json.dumps({**head, "choices": [choice]})
+
+    events = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": p}) for p in pieces(message.get("content") or "")]
+    for index, call in enumerate(message.get("tool_calls") or []):
+        function = call["function"]
+        start = {"name": function["name"], "arguments": ""}
+        events.append(chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                             "function": start}]}))  # fmt: skip
+        for part in pieces(function["arguments"], 3):
+            events.append(
+                chunk({"tool_calls": [{"index": index, "function": {"arguments": part}}]})
+            )
+    events.append(chunk({}, body["choices"][0]["finish_reason"]))
+    if (request.get("stream_options") or {}).get("include_usage"):
+        events.append(("", json.dumps({**head, "choices": [], "usage": body["usage"]})))
+    events.append(("", "[DONE]"))
+    return events
+
+
+def anthropic_events(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """A message as the events of Anthropic's streamed Messages API."""
+    usage = body["usage"]
+    start = {**body, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
+    for index, block in enumerate(body["content"]):
+        if block["type"] == "text":
+            events.append({"type": "content_block_start", "index": index,
+                           "content_block": {"type": "text", "text": ""}})  # fmt: skip
+            deltas = [{"type": "text_delta", "text": p} for p in pieces(block["text"])]
+        else:
+            empty = {**block, "input": {}}
+            events.append({"type": "content_block_start", "index": index, "content_block": empty})
+            arguments = json.dumps(block["input"])
+            deltas = [{"type": "input_json_delta", "partial_json": p} for p in pieces(arguments, 3)]
+        events += [{"type": "content_block_delta", "index": index, "delta": d} for d in deltas]
+        events.append({"type": "content_block_stop", "index": index})
+    events.append({"type": "message_delta", "usage": {"output_tokens": usage["output_tokens"]},
+                   "delta": {"stop_reason": body["stop_reason"], "stop_sequence": None}})  # fmt: skip
+    events.append({"type": "message_stop"})
+    return [(e["type"], json.dumps(e)) for e in events]
 
 
 def openai_tool_call(code: str) -> Reply:

@@ -123,12 +123,16 @@ class RecordingSink:
 
     messages: list[Recorded] = field(default_factory=list)
     statuses: list[str] = field(default_factory=list)
+    texts: list[tuple[int, str]] = field(default_factory=list)  # (step, delta)
 
     async def add_message(self, role: Role, content: str, internal: bool) -> None:
         self.messages.append(Recorded(role, content, internal))
 
     async def set_status(self, message: str) -> None:
         self.statuses.append(message)
+
+    def text(self, step: int, delta: str) -> None:
+        self.texts.append((step, delta))
 
     def roles(self) -> list[tuple[str, bool]]:
         return [(m.role, m.internal) for m in self.messages]

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from tests.agent.fake_llm_servers import (
+    CHUNK_DELAY,
     FakeLLMServer,
     anthropic_answer,
     anthropic_tool_use,
@@ -62,6 +63,32 @@ fig.update_layout(title="Sum 42")
 fig.show()
 open("summary.md", "w").write("# Summary\\n\\nThe **total** is 42.\\n")
 """
+# Display bundles with hostile markup: a table that must survive sanitizing, and what must not.
+DISPLAY_CODE = """\
+class Table:
+    def _repr_html_(self):
+        return (
+            '<style>body { display: none }</style>'
+            '<table border="1" class="dataframe" onclick="parent.__sbPwned = 1">'
+            '<thead><tr><th>name</th><th>value</th></tr></thead>'
+            '<tbody><tr><td>a</td><td colspan="1">42</td></tr></tbody></table>'
+            '<script>parent.__sbPwned = "script"</script>'
+            '<img src="missing.png" onerror="window.__sbPwned = 1">'
+            '<a href="javascript:window.__sbPwned = 1">click me</a>'
+            '<iframe src="https://outside.invalid/frame"></iframe>'
+            '<img src="https://outside.invalid/pixel.png">'
+        )
+class Dot:
+    def _repr_svg_(self):
+        return (
+            '<svg xmlns="http://www.w3.org/2000/svg" width="40" height="40">'
+            '<circle cx="20" cy="20" r="16" fill="teal"/>'
+            '<script>parent.__sbPwned = "svg"</script></svg>'
+        )
+display(Table())
+display(Dot())
+print("shown")
+"""
 # Keyword in the question → the code the model runs.
 CODE = {
     "chart": CHART_CODE,
@@ -71,6 +98,7 @@ CODE = {
     "page": PAGE_CODE,
     "plotly": PLOTLY_CODE,
     "nap": "import time\ntime.sleep(1.5)\nprint('rested')",
+    "display": DISPLAY_CODE,
 }
 # Keyword in the question → the final answer (`{result}`: the tool's output as the model saw it).
 ANSWERS = {
@@ -94,8 +122,11 @@ HOSTILE_ANSWER = (
     '<img src="https://outside.invalid/img.png">\n\n'
     "[click me](javascript:window.__sbPwned='link') and <b onmouseover=\"window.__sbPwned='b'\">bold</b>"
 )
+# Streamed a word every SLOW_CHUNK_S when asked "slowly": text visibly arrives before the end.
+SLOW_ANSWER = "Counting " + " ".join(f"w{i}" for i in range(1, 15)) + " done."
+SLOW_CHUNK_S = 0.12
 # Keyword in the question → an answer given without running code.
-DIRECT = {"hostile": HOSTILE_ANSWER}
+DIRECT = {"hostile": HOSTILE_ANSWER, "slowly": SLOW_ANSWER}
 _ids = itertools.count(1)
 
 
@@ -120,7 +151,10 @@ def openai_reply(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         return openai_answer(_answer_for(str(question["content"]), str(last["content"])))
     code = _code_for(str(last["content"]))
     if code is None:
-        return openai_answer(_direct_answer(str(last["content"])))
+        status, body = openai_answer(_direct_answer(str(last["content"])))
+        if "slowly" in str(last["content"]).lower():
+            body[CHUNK_DELAY] = SLOW_CHUNK_S
+        return status, body
     status, body = openai_tool_call(code)
     body["choices"][0]["message"]["tool_calls"][0]["id"] = f"call_{next(_ids)}"
     return status, body

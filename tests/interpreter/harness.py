@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +137,38 @@ class Client:
                 return
             time.sleep(0.25)
         raise AssertionError(f"no message with {text!r} in {timeout} s")
+
+
+@dataclass
+class Received:
+    at: float  # seconds since the request was sent
+    kind: str  # "" for a comment line
+    data: Any
+    id: str | None
+
+
+def follow(client: Client, sid: str, **options: Any) -> list[Received]:
+    """Read the whole stream (it must end by itself: the client's timeout is a backstop)."""
+    started = time.monotonic()
+    received: list[Received] = []
+    with client.http.stream("GET", f"/api/sessions/{sid}/events", timeout=30, **options) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        fields: dict[str, str] = {}
+        for line in r.iter_lines():
+            if line.startswith(":"):
+                received.append(Received(time.monotonic() - started, "", None, None))
+            elif line:
+                name, _, value = line.partition(": ")
+                fields[name] = value
+            elif fields:
+                data = json.loads(fields["data"])
+                received.append(
+                    Received(time.monotonic() - started, fields["event"], data, fields.get("id"))
+                )
+                fields = {}
+    return received
+
+
+def kinds(received: list[Received]) -> list[str]:
+    return [r.kind for r in received]

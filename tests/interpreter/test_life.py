@@ -127,6 +127,7 @@ ROUTES = [
     ("POST", f"/api/sessions/{SID}/cancel"),
     ("POST", f"/api/sessions/{SID}/messages"),
     ("GET", f"/api/sessions/{SID}/messages"),
+    ("GET", f"/api/sessions/{SID}/events"),
     ("GET", f"/api/sessions/{SID}/files"),
     ("GET", f"/api/sessions/{SID}/files/upload?filename=a.csv"),
     ("GET", f"/api/sessions/{SID}/files/download?filename=a.csv"),
@@ -219,8 +220,9 @@ def test_bad_messages_are_400_and_store_nothing(
 def test_a_bad_from_is_400(alice: Client) -> None:
     sid = alice.new_session()
     for bad in ("yesterday", "nan", "inf"):
-        response = alice.http.get(f"/api/sessions/{sid}/messages", params={"from": bad})
-        assert_error(response, 400, 1001)
+        for route in ("messages", "events"):
+            response = alice.http.get(f"/api/sessions/{sid}/{route}", params={"from": bad})
+            assert_error(response, 400, 1001)
     alice.ok("DELETE", f"/api/sessions/{sid}")
 
 
@@ -399,10 +401,13 @@ def test_the_served_schema_documents_the_additions(alice: Client) -> None:
     doc = alice.ok("GET", "/api/openapi.json")
     paths = doc["paths"]
     assert "post" in paths["/api/sessions/{session_id}/cancel"]
+    events = paths["/api/sessions/{session_id}/events"]["get"]["responses"]
+    assert "text/event-stream" in events["200"]["content"] and "404" in events
     assert "/api/uploads" in paths and "/api/downloads" in paths
     assert "409" in paths["/api/sessions/{session_id}/messages"]["post"]["responses"]
     assert "503" in paths["/api/sessions/{session_id}/messages"]["post"]["responses"]
     additions = doc["info"]["x-sandbank-additions"]
     assert "paths./api/uploads" in additions
+    assert "paths./api/sessions/{session_id}/events" in additions
     assert doc["info"]["x-sandbank-error-codes"]["run_in_progress"] == 1110
     assert set(doc["components"]["schemas"]) >= {"ToolRecord", "TraceRecord", "ToolOutput"}

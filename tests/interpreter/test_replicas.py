@@ -19,7 +19,7 @@ import pytest
 
 from tests.files.conftest import moto_endpoint  # noqa: F401 - a fixture, used by name
 from tests.interpreter.fake_llm import FakeLLM
-from tests.interpreter.harness import Client, Server, data_dir, openai_env
+from tests.interpreter.harness import Client, Server, data_dir, follow, kinds, openai_env
 from tests.interpreter.test_life import CSV
 from tests.postgres import running_postgres
 
@@ -108,6 +108,22 @@ def test_a_question_posted_to_one_replica_is_read_from_another(user: list[Client
     assert httpx.get(link["url"]).content.startswith(b"\x89PNG")
     one.ok("DELETE", f"/api/sessions/{sid}")
     assert two.http.get(f"/api/sessions/{sid}").status_code == 404
+
+
+def test_a_stream_on_another_replica_follows_the_run_through_the_store(
+    user: list[Client],
+) -> None:
+    one, two = user
+    sid = one.new_session()
+    question = one.ask(sid, "Take a nap")  # the replica it is posted to runs it (it has room)
+    received = follow(two, sid, params={"from": question["timestamp"]})
+    assert received[-1].data == {"reason": "ended"}
+    stored = two.ok("GET", f"/api/sessions/{sid}/messages", params={"from": question["timestamp"]})
+    assert [r.data for r in received if r.kind == "message"] == stored
+    assert "rested" in stored[-1]["content"]
+    progress = [r.data.get("status_message") for r in received if r.kind == "status"]
+    assert "running code" in progress and received[-2].data["status"] == "DONE"
+    assert "text" not in kinds(received)  # the model's text is told only where it runs
 
 
 def test_a_cancel_sent_to_another_replica_stops_the_run(user: list[Client]) -> None:

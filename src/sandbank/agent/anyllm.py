@@ -5,13 +5,16 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
 from any_llm import AnyLLM
 from any_llm.exceptions import AnyLLMError, MissingApiKeyError, RateLimitError
-from any_llm.types.completion import ChatCompletion
+from any_llm.types.completion import ChatCompletion, ChatCompletionChunk
 from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
 from sandbank.agent.model import (
@@ -19,6 +22,7 @@ from sandbank.agent.model import (
     ChatMessage,
     ModelReply,
     SystemMessage,
+    TextSink,
     ToolCallRequest,
     ToolSpec,
     Usage,
@@ -26,6 +30,8 @@ from sandbank.agent.model import (
 )
 from sandbank.config import Settings
 from sandbank.errors import ModelEndpointRefused, ModelNotConfigured, ModelUnavailable
+
+log = logging.getLogger(__name__)
 
 OLLAMA_DEFAULT_URL = "http://127.0.0.1:11434/v1"  # Ollama's OpenAI-compatible endpoint
 MAX_BACKOFF_S = 30.0
@@ -128,6 +134,51 @@ def from_completion(response: ChatCompletion, fallback_model: str) -> ModelReply
     )
 
 
+@dataclass
+class _StreamedCall:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StreamAssembly:
+    """A streamed reply put back together: the same `ModelReply` as the whole answer gives."""
+
+    text: list[str] = field(default_factory=list)
+    calls: dict[int, _StreamedCall] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
+
+    def add(self, chunk: ChatCompletionChunk) -> str:
+        """Take one chunk in; returns the text it adds."""
+        self.model = chunk.model or self.model
+        if chunk.usage is not None:
+            self.usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
+        added = ""
+        for choice in chunk.choices:
+            if choice.index != 0:
+                continue
+            if choice.delta.content:
+                added += choice.delta.content
+            for delta in choice.delta.tool_calls or []:
+                call = self.calls.setdefault(delta.index, _StreamedCall())
+                call.id = delta.id or call.id
+                if delta.function is not None:
+                    call.name = delta.function.name or call.name  # sent whole, once
+                    call.arguments.append(delta.function.arguments or "")
+        self.text.append(added)
+        return added
+
+    def reply(self, fallback_model: str) -> ModelReply:
+        calls = tuple(
+            _tool_request(c.id or f"call_{i}", c.name, "".join(c.arguments))
+            for i, c in sorted(self.calls.items())
+        )
+        text = "".join(self.text)
+        return ModelReply(text, calls, self.usage, self.model or fallback_model)
+
+
 def _retryable(error: AnyLLMError) -> bool:
     status = error.status_code
     if isinstance(error, RateLimitError) or status == 429:
@@ -181,6 +232,8 @@ class AnyLLMModel:
         self._call_options: dict[str, Any] = {}
         if type(self._llm).TIMEOUT_SUPPORT != "unsupported":
             self._call_options["timeout"] = settings.llm_timeout_seconds
+        # Off for good once the provider refuses a stream (a 4xx): it answers whole instead.
+        self._streams = bool(type(self._llm).SUPPORTS_COMPLETION_STREAMING)
 
     @staticmethod
     def _create(provider: str, base_url: str, key: str | None, compatible: bool) -> AnyLLM:
@@ -193,7 +246,9 @@ class AnyLLMModel:
             options["max_retries"] = 0  # we retry ourselves, with our own bounds
         return AnyLLM.create(provider, api_key=key, api_base=base_url or None, **options)
 
-    async def complete(self, messages: list[ChatMessage], tools: list[ToolSpec]) -> ModelReply:
+    async def complete(
+        self, messages: list[ChatMessage], tools: list[ToolSpec], on_text: TextSink | None = None
+    ) -> ModelReply:
         wire_tools: list[dict[str, Any] | Any] = [
             {
                 "type": "function",
@@ -205,18 +260,56 @@ class AnyLLMModel:
             }
             for t in tools
         ]
+        request: dict[str, Any] = {
+            "model": self._model_id,
+            "messages": to_wire(messages),
+            "tools": wire_tools or None,
+            "max_tokens": self._settings.llm_max_output_tokens,
+            **self._call_options,
+        }
+        if on_text is not None and self._streams:
+            try:
+                return await self._streamed(request, on_text)
+            except AnyLLMError as error:
+                # Nothing was handed on yet: the whole answer, asked for as usual, replaces it.
+                log.info("model %s: streaming failed, asking without: %s", self.name, error)
+                if not _retryable(error):
+                    self._streams = False
+        return await self._whole(request)
+
+    async def _streamed(self, request: dict[str, Any], on_text: TextSink) -> ModelReply:
+        stream = await self._llm.acompletion(
+            **request, stream=True, stream_options={"include_usage": True}
+        )
+        if not isinstance(stream, AsyncIterator):
+            raise ModelUnavailable(f"the model {self.name} did not stream")
+        assembly = StreamAssembly()
+        handed_on = False
+        try:
+            async for chunk in stream:
+                if added := assembly.add(chunk):
+                    on_text(added)
+                    handed_on = True
+        except AnyLLMError as error:
+            if not handed_on:
+                raise
+            # Text was handed on: asking again would show it twice.
+            raise ModelUnavailable(
+                f"the model {self.name} failed in the middle of its answer: {str(error)[:500]}"
+            ) from error
+        finally:
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                with contextlib.suppress(Exception):  # closing is best effort
+                    await close()
+        return assembly.reply(self.name)
+
+    async def _whole(self, request: dict[str, Any]) -> ModelReply:
         settings = self._settings
-        payload: list[Any] = to_wire(messages)
         attempt = 0
         while True:
             try:
-                response = await self._llm.acompletion(
-                    model=self._model_id,
-                    messages=payload,
-                    tools=wire_tools or None,
-                    max_tokens=settings.llm_max_output_tokens,
-                    **self._call_options,
-                )
+                response = await self._llm.acompletion(**request)
             except AnyLLMError as error:
                 if _retryable(error) and attempt < settings.llm_max_retries:
                     await anyio.sleep(_delay(error, attempt, settings.llm_retry_base_seconds))

@@ -36,6 +36,11 @@ class Recorder(Protocol):
         """A short, user-readable progress note (the session's `status_message`)."""
         ...
 
+    def text(self, step: int, delta: str) -> None:
+        """A piece of the model's text for `step` as it is generated: shown, never stored (the
+        step's reply is recorded whole by `add_message`). Must not block."""
+        ...
+
 
 @dataclass(frozen=True)
 class HistoryMessage:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -104,7 +105,9 @@ class _Run:
         for step in range(1, limits.max_steps + 1):
             await self.recorder.set_status(STATUS_THINKING)
             started = time.monotonic()
-            reply = await self.model.complete(messages, TOOL_SPECS)
+            reply = await self.model.complete(
+                messages, TOOL_SPECS, functools.partial(self.recorder.text, step)
+            )
             result.steps = step
             result.input_tokens += reply.usage.input_tokens
             result.output_tokens += reply.usage.output_tokens

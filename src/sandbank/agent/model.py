@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+# Receives the reply's text as it is generated, piece by piece (their concatenation is the
+# reply's `text`). It must not block: it only hands the pieces on.
+TextSink = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,12 @@ class ModelReply:
 
 
 class Model(Protocol):
-    """A chat model with tools. Failures raise errors from `sandbank.errors` (AgentError)."""
+    """A chat model with tools. Failures raise errors from `sandbank.errors` (AgentError).
 
-    async def complete(self, messages: list[ChatMessage], tools: list[ToolSpec]) -> ModelReply: ...
+    With `on_text`, a model that can stream hands its text over as it is generated; one that
+    cannot may call it once with the whole text, or never. The reply is the same either way.
+    """
+
+    async def complete(
+        self, messages: list[ChatMessage], tools: list[ToolSpec], on_text: TextSink | None = None
+    ) -> ModelReply: ...

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import BadRequest, PayloadTooLarge, Unprocessable, UnsupportedMediaType
-from ..http import grouped_routes, untrusted_file_headers
+from ..http import SSE_HEADERS, grouped_routes, sse, untrusted_file_headers
 from ..multipart import FormStream, is_multipart
 from ..sandbox import transfers
 from ..sandbox.base import ExecResult
@@ -198,13 +198,6 @@ def exec_response(tool: str, tool_use_id: str, result: ExecResult) -> dict[str, 
             },
         },
     }
-
-
-SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-
-
-def sse(event: str, data: Any) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
 async def json_body(request: Request, optional: bool = False) -> Any:

@@ -10,7 +10,7 @@ from starlette.routing import Route
 
 from sandbank.errors import AtCapacity, BadRequest
 from sandbank.files import content_type
-from sandbank.http import grouped_routes, untrusted_file_headers
+from sandbank.http import SSE_HEADERS, grouped_routes, untrusted_file_headers
 from sandbank.interpreter import openapi, schemas
 from sandbank.interpreter.identity import Identity
 from sandbank.interpreter.service import InterpreterService
@@ -41,6 +41,7 @@ class InterpreterApi:
             ("/sessions/{session_id}/cancel", self.cancel, "POST"),
             ("/sessions/{session_id}/messages", self.post_message, "POST"),
             ("/sessions/{session_id}/messages", self.list_messages, "GET"),
+            ("/sessions/{session_id}/events", self.session_events, "GET"),
             ("/sessions/{session_id}/files", self.list_files, "GET"),
             ("/sessions/{session_id}/files/upload", self.upload_form, "GET"),
             ("/sessions/{session_id}/files/download", self.download_url, "GET"),
@@ -106,6 +107,16 @@ class InterpreterApi:
         after = schemas.after(request.query_params.get("from"))
         messages = await service.messages(user, sid, after)
         return JSONResponse([schemas.message_out(m) for m in messages])
+
+    async def session_events(self, request: Request) -> Response:
+        service, user, sid = await self._in_session(request)
+        raw = request.query_params.get("from", request.headers.get("last-event-id"))
+        events = await service.events(user, sid, schemas.after(raw))
+        return StreamingResponse(
+            (schemas.event_out(e) async for e in events),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
 
     # --- files ---------------------------------------------------------------------------------
     async def list_files(self, request: Request) -> Response:

@@ -40,6 +40,7 @@ from sandbank.errors import (
     TooManyRuns,
 )
 from sandbank.files import object_key, validate_stored_name
+from sandbank.interpreter.events import SessionEvents
 from sandbank.interpreter.files import SessionFiles
 from sandbank.leasing import FileEntry, Sandboxes
 from sandbank.sandbox.base import ExecResult, ToolCall
@@ -89,17 +90,24 @@ class ActiveRun:
 
 
 class StoreRecorder:
-    """The agent's `Recorder`: messages and progress go to the session, while the lease holds."""
+    """The agent's `Recorder`: messages and progress go to the session, while the lease holds,
+    and the session's listeners here are told."""
 
-    def __init__(self, store: Store, run: Run) -> None:
+    def __init__(self, store: Store, run: Run, events: SessionEvents) -> None:
         self.store = store
         self.run = run
+        self.events = events
 
     async def add_message(self, role: Role, content: str, internal: bool) -> None:
         await self.store.add_message(self.run.session_id, role, content, internal, fence=self.run)
+        self.events.changed(self.run.session_id)
 
     async def set_status(self, message: str) -> None:
         await self.store.set_progress(self.run, message)
+        self.events.changed(self.run.session_id)
+
+    def text(self, step: int, delta: str) -> None:
+        self.events.text(self.run.session_id, step, delta)
 
 
 class SandboxWorkbench:
@@ -150,6 +158,7 @@ class Runs:
         self.model = model  # the error that prevented building it, when not configured
         self.settings = settings
         self.replica = replica or new_replica_id()
+        self.events = SessionEvents()
         self.limits = RunLimits.from_settings(settings)
         self.leases: dict[str, Lease] = {}
         self.active: dict[str, ActiveRun] = {}  # by session id
@@ -325,6 +334,7 @@ class Runs:
                 # The answer was stored before the last replica stopped; only the end was not.
                 self._forget(run)
                 await self.store.finish_run(run, "DONE", None, "done")
+                self.events.changed(sid)
                 return
             # Resumed, the model sees the question and what another replica did, and goes on.
             history = stored if resumed else [m for m in stored if m.timestamp < run.question_at]
@@ -333,7 +343,7 @@ class Runs:
             result = await run_turn(
                 model=model,
                 workbench=SandboxWorkbench(self.sandboxes, lease.sandbox_id, owner),
-                recorder=StoreRecorder(self.store, run),
+                recorder=StoreRecorder(self.store, run, self.events),
                 question=RESUME_NOTE if resumed else question.content,
                 history=[HistoryMessage(m.role, m.content, m.internal) for m in history],
                 limits=self.limits,
@@ -375,6 +385,7 @@ class Runs:
         self._forget(run)
         with contextlib.suppress(SandbankError):
             await self.store.finish_run(run, status, message, state)
+        self.events.changed(sid)
         if self.on_ended is not None:
             self.on_ended(state, steps)
 
@@ -391,6 +402,7 @@ class Runs:
                 await self.store.finish_run(run, "ERROR", reason, "error")
             elif reason == "":  # lost: its sandbox is of no use here any more
                 await self._drop(run.session_id, owner_of(run.user_id))
+        self.events.changed(run.session_id)
 
     def _forget(self, run: Run) -> None:
         active = self.active.get(run.session_id)

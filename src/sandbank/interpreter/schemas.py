@@ -9,6 +9,8 @@ from typing import Any
 
 from sandbank.errors import BadRequest
 from sandbank.files import validate_filename, validate_stored_name
+from sandbank.http import sse
+from sandbank.interpreter.events import Event
 from sandbank.store import ChatSession, FileRecord, Message
 
 
@@ -107,3 +109,18 @@ def session_with_messages_out(session: ChatSession, messages: list[Message]) -> 
 
 def file_out(record: FileRecord) -> dict[str, Any]:
     return {"filename": record.filename, "size": record.size, "origin": record.origin}
+
+
+def event_out(event: Event) -> bytes:
+    """One event of the session's stream as Server-Sent Events; a message's id is its
+    timestamp, so a reconnecting EventSource resumes after it (`Last-Event-ID`)."""
+    if event.message is not None:
+        m = event.message
+        return sse("message", message_out(m), event_id=json.dumps(m.timestamp))
+    if event.session is not None:
+        return sse("status", session_out(event.session))
+    if event.kind == "text":
+        return sse("text", {"step": event.step, "text": event.text})
+    if event.kind == "end":
+        return sse("end", {"reason": event.reason})
+    return b": ping\n\n"

@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 
 from sandbank.config import Settings
 from sandbank.errors import Forbidden, QuotaExceeded, SandbankError, SessionNotFound
 from sandbank.files import PresignedPost
+from sandbank.interpreter.events import Event, follow
 from sandbank.interpreter.files import SessionFiles
 from sandbank.interpreter.runs import Runs
 from sandbank.store import ChatSession, FileRecord, Message, Store, User
@@ -90,6 +92,14 @@ class InterpreterService:
         await self._owned(user, session_id)
         return await self.store.list_messages(session_id, after)
 
+    async def events(
+        self, user: User, session_id: str, after: float | None
+    ) -> AsyncIterator[Event]:
+        """The session's event stream (see `events.follow`), once the caller may read it."""
+        await self._owned(user, session_id)
+        max_s = self.settings.event_stream_max_seconds
+        return follow(self.store, self.runs.events, session_id, after, max_s)
+
     # --- files ---------------------------------------------------------------------------------
     async def upload_form(self, user: User, session_id: str, filename: str) -> PresignedPost:
         await self._owned(user, session_id)
@@ -106,3 +116,4 @@ class InterpreterService:
     async def shutdown(self) -> None:
         with contextlib.suppress(SandbankError):
             await self.runs.shutdown()
+        self.runs.events.close()  # after: streams show how the runs that finished here ended

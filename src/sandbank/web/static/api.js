@@ -89,6 +89,44 @@ export const sessions = {
     (await call("GET", `${sessionPath(sid)}/files/download`, { query: { filename } })).url,
 };
 
+/** The session's events (GET .../events, Server-Sent Events) as `{event, data}`, until the server
+ * ends the stream. Read with fetch, not EventSource, which cannot send the key's header. */
+export async function* events(sid, from, signal) {
+  const url = new URL(`api${sessionPath(sid)}/events`, document.baseURI);
+  if (from !== null) url.searchParams.set("from", from);
+  const headers = { Accept: "text/event-stream" };
+  if (apiKey !== null) headers.Authorization = `Bearer ${apiKey}`;
+  let response;
+  try {
+    response = await fetch(url, { headers, cache: "no-store", signal });
+  } catch {
+    throw new ApiError(0, "the server could not be reached; check your connection");
+  }
+  if (!response.ok) throw await errorOf(response);
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += value.replace(/\r\n?/g, "\n");
+      for (let cut = buffer.indexOf("\n\n"); cut >= 0; cut = buffer.indexOf("\n\n")) {
+        const block = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        let event = "message";
+        let data = "";
+        for (const line of block.split("\n")) {
+          if (line.startsWith("event: ")) event = line.slice(7);
+          else if (line.startsWith("data: ")) data += line.slice(6);
+        }
+        if (data) yield { event, data: JSON.parse(data) };
+      }
+    }
+  } finally {
+    reader.cancel().catch(() => {});
+  }
+}
+
 /** The size limit a presigned form carries (ours or S3's policy), or null when unreadable. */
 export function formLimit(fields) {
   try {

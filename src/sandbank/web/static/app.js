@@ -2,6 +2,7 @@
 // from the server goes in as text nodes or through render.js; nothing is set as raw HTML.
 
 import * as api from "./api.js";
+import { displayBundle } from "./display.js";
 import { codeBlock, linkedFile, renderMarkdown } from "./render.js";
 
 const POLL_MS = 1000;
@@ -281,6 +282,8 @@ class SessionView {
     this.session = null; // as last read
     this.lastQuestion = null; // the latest question, for "Ask again"
     this.polling = false;
+    this.drafts = new Map(); // step -> the list item showing the model's text as it arrives
+    this.aborter = new AbortController(); // ends the event stream when the view closes
     this.files = new Map(); // name -> {filename, size, origin}
     this.images = new Map(); // `${name}:${size}` -> Promise<blob: URL>
     this.build();
@@ -289,6 +292,7 @@ class SessionView {
 
   close() {
     this.alive = false;
+    this.aborter.abort();
     for (const url of this.images.values()) url.then(URL.revokeObjectURL, () => {});
   }
 
@@ -384,7 +388,7 @@ class SessionView {
       const [session] = await Promise.all([api.sessions.get(this.sid), this.refreshFiles()]);
       await this.fetchMessages();
       this.showSession(session);
-      if (session.status === "PENDING") this.poll();
+      if (session.status === "PENDING") this.watch();
     } catch (error) {
       if (error.status === 404) showAlert(this.box, "This session does not exist any more (deleted or expired).");
       else handleFatal(error, this.box);
@@ -415,6 +419,69 @@ class SessionView {
     this.retryButton.disabled = busy;
     this.cancelButton.hidden = !busy;
     this.cancelButton.disabled = false;
+  }
+
+  /** Follows the run through the event stream (the model's text as it comes); polls instead
+   * when the stream cannot be had or breaks. */
+  async watch() {
+    if (this.polling) return;
+    this.polling = true;
+    this.setBusy(true);
+    let ended = null;
+    try {
+      // The stream ends itself after a while ("timeout"): then it is opened again.
+      for (let opened = 0; this.alive && opened < 100; opened++) {
+        ended = await this.stream();
+        if (ended !== "timeout") break;
+      }
+    } catch (error) {
+      if (!this.alive) return;
+      if (needsSignIn(error)) return handleFatal(error, this.box);
+      ended = null;
+    } finally {
+      this.polling = false;
+      this.clearDrafts();
+    }
+    if (!this.alive) return;
+    if (ended === "ended") {
+      await this.refreshFiles().catch((error) => handleFatal(error, this.box));
+      this.question.focus();
+    } else {
+      this.poll(); // broken, refused, or the server stopped: polling carries on
+    }
+  }
+
+  /** One event stream, read to its end; returns the end's reason, or null if it broke off. */
+  async stream() {
+    for await (const { event, data } of api.events(this.sid, this.last, this.aborter.signal)) {
+      if (!this.alive) return null;
+      if (event === "text") this.draft(data.step, data.text);
+      else if (event === "message") this.addMessages([data]);
+      else if (event === "status") this.showSession(data);
+      else if (event === "end") return data.reason;
+    }
+    return null;
+  }
+
+  /** The model's text for `step` as it is generated (a stored message replaces it). */
+  draft(step, text) {
+    let item = this.drafts.get(step);
+    if (!item) {
+      item = h("li", { class: "msg assistant draft", "aria-busy": "true" }, h("div", { class: "markdown" }, h("p", {})));
+      this.drafts.set(step, item);
+      this.messages.append(item);
+    }
+    item.querySelector("p").append(text);
+    item.scrollIntoView({ block: "nearest" });
+  }
+
+  clearDrafts(upTo = Infinity) {
+    for (const [step, item] of this.drafts) {
+      if (step <= upTo) {
+        item.remove();
+        this.drafts.delete(step);
+      }
+    }
   }
 
   async poll() {
@@ -448,13 +515,31 @@ class SessionView {
 
   async fetchMessages() {
     const fresh = await api.sessions.messages(this.sid, this.last);
-    if (!this.alive) return;
+    if (this.alive) this.addMessages(fresh);
+  }
+
+  addMessages(fresh) {
+    let added = false;
     for (const message of fresh) {
       if (this.last !== null && message.timestamp <= this.last) continue;
       this.last = message.timestamp;
-      this.messages.append(this.messageItem(message));
+      // A model call's trace is stored first of what it did: its streamed text is done.
+      if (message.role === "trace") this.clearDrafts(parseRecord(message.content)?.step ?? Infinity);
+      this.messages.append(...this.messageItems(message));
+      added = true;
     }
-    if (fresh.length) this.messages.lastElementChild?.scrollIntoView({ block: "nearest" });
+    if (added) this.messages.lastElementChild?.scrollIntoView({ block: "nearest" });
+  }
+
+  /** A message's list items: a tool call's displays follow it, shown even when it is hidden. */
+  messageItems(message) {
+    const items = [this.messageItem(message)];
+    const displays = message.role === "tool" ? parseRecord(message.content)?.output?.displays : null;
+    if (Array.isArray(displays) && displays.length) {
+      const shown = displays.map((bundle) => displayBundle(bundle, (name) => this.image(name)));
+      items.push(h("li", { class: "msg displays", "aria-label": "Displayed output" }, ...shown));
+    }
+    return items;
   }
 
   messageItem(message) {
@@ -489,13 +574,10 @@ class SessionView {
     try {
       const message = await api.sessions.ask(this.sid, content);
       if (again === null) this.question.value = "";
-      if (this.last === null || message.timestamp > this.last) {
-        this.last = message.timestamp;
-        this.messages.append(this.messageItem(message));
-      }
+      this.addMessages([message]);
       // Badge and status line change together, before the first poll.
       this.showSession({ ...this.session, status: "PENDING", status_message: "pending" });
-      this.poll();
+      this.watch();
     } catch (error) {
       handleFatal(error, this.box);
       this.setBusy(false);

@@ -1,0 +1,158 @@
+"""Streaming and display figures; prints medians.
+
+    .venv/bin/python bench/streaming.py [--url http://127.0.0.1:8080] [--rounds 30] [--token T]
+
+Over HTTP (a running server speaking the code-execution protocol): the time to the first byte
+and to the first stdout event of a streamed Execute that prints a line then sleeps, and a warm
+`print(1)` plain and streamed. In this process (the worker's own code, no sandbox): what the
+display machinery adds to a warm `print(1)` cell (the runner as the worker has it, against the
+same cell run without its display bookkeeping), and what a call's output capture (two markers
+per pipe, written and found by the drain threads) costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from sandbank.sandbox.inside import pyexec
+from sandbank.sandbox.inside.capture import Capture
+
+STREAMED = "import time\nprint('first line', flush=True)\ntime.sleep(0.5)\nprint('second')"
+
+
+def median_ms(samples: list[float]) -> str:
+    return f"median {statistics.median(samples) * 1000:9.4f} ms   n={len(samples)}"
+
+
+class Client:
+    def __init__(self, url: str, token: str | None) -> None:
+        parts = urlsplit(url)
+        self.conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80)
+        self.headers = {"content-type": "application/json"}
+        if token:
+            self.headers["authorization"] = f"Bearer {token}"
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        self.conn.request(method, path, body=json.dumps(body) if body is not None else None,
+                          headers=self.headers)  # fmt: skip
+        response = self.conn.getresponse()
+        raw = response.read()
+        if response.status >= 300:
+            raise RuntimeError(f"{method} {path}: {response.status} {raw[:200]!r}")
+        return json.loads(raw) if raw else None
+
+    def streamed(self, sid: str, code: str) -> tuple[float, float, float]:
+        """(first byte, first stdout event, whole) seconds of a streamed Execute."""
+        body = json.dumps({"tool": "code_execution", "input": {"code": code}})
+        headers = {**self.headers, "accept": "text/event-stream"}
+        started = time.perf_counter()
+        self.conn.request("POST", f"/sessions/{sid}/exec", body=body, headers=headers)
+        response = self.conn.getresponse()
+        first_byte = first_out = 0.0
+        while line := response.readline():
+            now = time.perf_counter() - started
+            first_byte = first_byte or now
+            if line.startswith(b"event: stdout"):
+                first_out = first_out or now
+        return first_byte, first_out, time.perf_counter() - started
+
+
+def over_http(url: str, token: str | None, rounds: int) -> None:
+    client = Client(url, token)
+    sid = client.call("POST", "/sessions", {})["session_id"]
+    plain, streamed, first_bytes, first_outs, wholes = [], [], [], [], []
+    try:
+        client.call("POST", f"/sessions/{sid}/exec", {"tool": "code_execution",
+                                                      "input": {"code": "print(0)"}})  # fmt: skip
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            client.call("POST", f"/sessions/{sid}/exec",
+                        {"tool": "code_execution", "input": {"code": "print(1)"}})  # fmt: skip
+            plain.append(time.perf_counter() - t0)
+            streamed.append(client.streamed(sid, "print(1)")[2])
+            first_byte, first_out, whole = client.streamed(sid, STREAMED)
+            first_bytes.append(first_byte)
+            first_outs.append(first_out)
+            wholes.append(whole)
+    finally:
+        client.call("DELETE", f"/sessions/{sid}")
+    print(f"{'warm print(1), plain':<44} {median_ms(plain)}")
+    print(f"{'warm print(1), streamed':<44} {median_ms(streamed)}")
+    print(f"{'streamed exec: first byte':<44} {median_ms(first_bytes)}")
+    print(f"{'streamed exec: first stdout event':<44} {median_ms(first_outs)}")
+    print(f"{'streamed exec: whole (prints, sleeps 0.5 s)':<44} {median_ms(wholes)}")
+
+
+class PlainRunner(pyexec.PythonRunner):
+    """The runner without its display bookkeeping: no bundles list, no echo check, no figures."""
+
+    def run(self, code: str) -> int:
+        return self._run(code)
+
+
+def timed(fn: Callable[[], object], rounds: int) -> list[float]:
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
+def in_process(rounds: int) -> None:
+    """Worker-side figures; fds 1 and 2 are the capture's pipes meanwhile, restored after."""
+    saved = os.dup(1), os.dup(2)
+    pid = os.getpid()
+    full, plain = pyexec.PythonRunner({}, pid), PlainRunner({}, pid)
+    results: dict[str, list[float]] = {}
+    try:
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+            for runner in (full, plain):
+                runner.run("print(0)")
+            for _ in range(3):  # interleaved, so drift hits both alike
+                for name, runner in (("with display", full), ("without display", plain)):
+                    results.setdefault(name, []).extend(
+                        timed(lambda r=runner: r.run("print(1)"), rounds)
+                    )
+                results.setdefault("echo 1 (with display)", []).extend(
+                    timed(lambda: full.run("1"), rounds)
+                )
+        Capture(1 << 20)  # the drain threads start once
+        results["capture (markers in, found)"] = timed(
+            lambda: Capture(1 << 20).__enter__().__exit__(), rounds
+        )
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+    for name, samples in results.items():
+        print(f"{'cell ' + name:<44} {median_ms(samples)}")
+    overhead = statistics.median(results["with display"]) - statistics.median(
+        results["without display"]
+    )
+    print(f"{'display machinery on print(1) (difference)':<44} {overhead * 1000:+10.4f} ms")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", help="a server speaking the code-execution protocol")
+    ap.add_argument("--token")
+    ap.add_argument("--rounds", type=int, default=30)
+    args = ap.parse_args()
+    in_process(max(args.rounds, 1000))
+    if args.url:
+        over_http(args.url, args.token, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
