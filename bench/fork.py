@@ -130,7 +130,7 @@ class Bench:
                 f"cgroup p50 {pct(charged, 0.5):.1f} MiB",
                 flush=True,
             )
-            template = rt.backend.template  # type: ignore[attr-defined]
+            template = getattr(rt.backend, "template", None)
             if template is not None:
                 mem = template.memory()
                 print(
