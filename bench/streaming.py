@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import json
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
-from urllib.parse import urlsplit
 
+import http_protocol  # bench/, beside this script
 from sandbank.sandbox.inside import pyexec
 from sandbank.sandbox.inside.capture import Capture
 
@@ -34,22 +32,8 @@ def median_ms(samples: list[float]) -> str:
     return f"median {statistics.median(samples) * 1000:9.4f} ms   n={len(samples)}"
 
 
-class Client:
-    def __init__(self, url: str, token: str | None) -> None:
-        parts = urlsplit(url)
-        self.conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80)
-        self.headers = {"content-type": "application/json"}
-        if token:
-            self.headers["authorization"] = f"Bearer {token}"
-
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        self.conn.request(method, path, body=json.dumps(body) if body is not None else None,
-                          headers=self.headers)  # fmt: skip
-        response = self.conn.getresponse()
-        raw = response.read()
-        if response.status >= 300:
-            raise RuntimeError(f"{method} {path}: {response.status} {raw[:200]!r}")
-        return json.loads(raw) if raw else None
+class Client(http_protocol.Client):
+    """bench/http_protocol.py's client, with a streamed Execute."""
 
     def streamed(self, sid: str, code: str) -> tuple[float, float, float]:
         """(first byte, first stdout event, whole) seconds of a streamed Execute."""
