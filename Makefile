@@ -26,11 +26,17 @@ $(VENV)/.dev-installed: $(VENV)/.installed pyproject.toml
 
 # The sandbox runtime: its own venv from Debian's Python, readable by the sandbox users, sealed
 # (no host path inside; pip refuses installs at run time) and packed as an image (.runtime.img).
-$(RUNTIME)/.installed: runtime/requirements.txt scripts/seal-runtime
+$(RUNTIME)/.packages: runtime/requirements.txt
 	$(PY) -m venv $(RUNTIME)
 	rm -f $(RUNTIME)/pip.conf
 	$(RUNTIME)/bin/python3 -m pip install -q --upgrade pip
 	$(RUNTIME)/bin/python3 -m pip install -q -r runtime/requirements.txt $(SANDBANK_EXTRA_PACKAGES)
+	touch $@
+
+# sb-init, the forked sandboxes' PID 1: static, so it runs from the image whatever is inside.
+$(RUNTIME)/.installed: $(RUNTIME)/.packages runtime/sb-init.c scripts/seal-runtime
+	mkdir -p $(RUNTIME)/libexec
+	cc -static -Os -Wall -Wextra -Werror -o $(RUNTIME)/libexec/sb-init runtime/sb-init.c
 	$(PY) scripts/seal-runtime $(RUNTIME)
 	touch $@
 

@@ -34,3 +34,17 @@ def test_the_setting_is_derived_only_when_left_at_zero() -> None:
 def test_sandboxes_together_leave_the_server_its_reserve() -> None:
     assert capacity.sessions_memory(24 * GiB) == 24 * GiB - capacity.SERVER_RESERVE_MIB * (1 << 20)
     assert capacity.sessions_memory(1 * GiB) == GiB // 2
+
+
+def test_a_fork_server_pools_a_share_of_its_sessions_for_bursts() -> None:
+    assert capacity.derived_pool_size("fork", 800) == 800 // capacity.POOL_SHARE
+    assert capacity.derived_pool_size("fork", 10) == capacity.POOL_MIN
+    assert capacity.derived_pool_size("fork", capacity.CEILING) == capacity.POOL_MAX
+    # A pooled bwrap sandbox costs a whole interpreter: the pool stays small.
+    assert capacity.derived_pool_size("bwrap", 800) == capacity.POOL_MIN
+
+
+def test_the_pool_is_derived_only_when_left_at_minus_one() -> None:
+    assert Settings(isolation="fork", pool_size=0).pool_size == 0
+    assert Settings(isolation="fork", max_sessions=400).pool_size == 400 // capacity.POOL_SHARE
+    assert Settings(isolation="bwrap", max_sessions=400).pool_size == capacity.POOL_MIN

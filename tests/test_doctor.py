@@ -136,3 +136,17 @@ def test_the_command_exits_1_on_a_failure() -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL  data dir" in done.stdout
     assert "Traceback" not in done.stderr
+
+
+def test_cgroups_without_favordynmods_warn_only_when_the_server_will_not_set_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sandbank.sandbox import cgroups
+
+    monkeypatch.setattr(cgroups, "cgroup2_mount", lambda info, root: ("/sys/fs/cgroup/u", "rw"))
+    with data_dir() as data:
+        assert "favordynmods set at server start" in doctor.check_cgroups(settings(data))
+        with pytest.raises(doctor.Warned) as caught:
+            doctor.check_cgroups(settings(data, cgroup_favor_dynmods=False))
+    assert "/sys/fs/cgroup/u lacks favordynmods" in caught.value.detail
+    assert "mount -o remount,favordynmods /sys/fs/cgroup/u" in caught.value.fix

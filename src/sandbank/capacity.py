@@ -18,6 +18,9 @@ MiB = 1 << 20
 IDLE_COST_MIB = {"fork": 24, "bwrap": 96, "none": 56}
 SERVER_RESERVE_MIB = 1024  # the server, the fork template, the page cache the runtime needs
 FLOOR, CEILING = 4, 2000  # below the floor a server is not worth running; the ceiling: pids, fds
+# The warm pool a fork server keeps: one per POOL_SHARE sessions, so a burst of new sessions
+# (agents start many at once) is served from it; a pooled fork costs what an idle session does.
+POOL_SHARE, POOL_MIN, POOL_MAX = 20, 2, 64
 
 
 def mem_total() -> int:
@@ -37,6 +40,13 @@ def derived_max_sessions(
     budget = total_mib - SERVER_RESERVE_MIB - busy * memory_limit_mb
     n = budget // IDLE_COST_MIB.get(isolation, IDLE_COST_MIB["bwrap"])
     return int(max(FLOOR, min(CEILING, uid_count, n)))
+
+
+def derived_pool_size(isolation: str, max_sessions: int) -> int:
+    """The default warm pool: a share of the sessions with `fork`, where a pooled one is cheap."""
+    if isolation != "fork":
+        return POOL_MIN
+    return max(POOL_MIN, min(POOL_MAX, max_sessions // POOL_SHARE))
 
 
 def sessions_memory(total: int | None = None) -> int:

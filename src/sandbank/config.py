@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .capacity import derived_max_sessions
+from .capacity import derived_max_sessions, derived_pool_size
 from .egress.policy import NetworkPolicy
 from .egress.resolver import FixedResolver
 from .errors import ConfigError
@@ -113,7 +113,13 @@ class Settings(BaseSettings):
         description="After an interrupt, how long code may take to yield before the "
         "interpreter is killed and restarted.",
     )
-    pool_size: int = Field(2, ge=0, description="Sandboxes kept started and ready to lease.")
+    pool_size: int = Field(
+        -1,
+        ge=-1,
+        description="Sandboxes kept started and ready to lease; -1 (the default) derives it: "
+        "with `isolation=fork` one per 20 of `max_sessions` (between 2 and 64, so a burst of "
+        "new sessions is served from the pool), otherwise 2.",
+    )
     pool_preimport: bool = Field(
         True,
         description="Whether pooled sandboxes pre-import the data stack (pandas, ...); with "
@@ -152,6 +158,12 @@ class Settings(BaseSettings):
         200000, ge=1000, description="First host uid given to sandboxes (one uid per session)."
     )
     uid_count: int = Field(50000, ge=1, description="How many uids from `uid_base` may be used.")
+    cgroup_favor_dynmods: bool = Field(
+        True,
+        description="At start, remount the cgroup2 tree with `favordynmods` (Linux 6.0+) if it "
+        "lacks it, so putting a sandbox in its cgroup takes well under a millisecond instead of "
+        "~10 ms. It is a machine-wide setting; false leaves the mount as it is.",
+    )
     uid_lock_dir: Path = Field(
         Path("/run/sandbank/uids"),
         description="Machine-wide directory of uid claim locks, shared by every server.",
@@ -531,6 +543,8 @@ class Settings(BaseSettings):
             self.max_sessions = derived_max_sessions(
                 self.isolation, self.memory_limit_mb, self.uid_count
             )
+        if self.pool_size == -1:
+            self.pool_size = derived_pool_size(self.isolation, self.max_sessions)
         return self
 
     @model_validator(mode="after")

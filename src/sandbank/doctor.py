@@ -86,7 +86,7 @@ def check_isolation_tools(settings: Settings) -> str:
 
 
 def check_cgroups(settings: Settings) -> str:
-    from .sandbox.cgroups import ROOT, V1_CONTROLLERS
+    from .sandbox.cgroups import FAVOR_DYNMODS, ROOT, V1_CONTROLLERS, cgroup2_mount
 
     if settings.isolation == "none":
         raise Skipped("SANDBANK_ISOLATION=none: no limits are applied")
@@ -96,7 +96,21 @@ def check_cgroups(settings: Settings) -> str:
             f"cgroup v1 controllers not mounted under {ROOT}: {', '.join(missing)}",
             f"mount them, e.g. `mount -t cgroup -o {missing[0]} cgroup {ROOT}/{missing[0]}`",
         )
-    return f"{', '.join(V1_CONTROLLERS)} under {ROOT}"
+    found = cgroup2_mount(Path("/proc/self/mountinfo").read_text(), ROOT)
+    if found is not None and FAVOR_DYNMODS not in found[1].split(","):
+        fix = (
+            "unset SANDBANK_CGROUP_FAVOR_DYNMODS so the server remounts it at start, or "
+            f"`mount -o remount,{FAVOR_DYNMODS} {found[0]}`"
+        )
+        if not settings.cgroup_favor_dynmods:
+            raise Warned(
+                f"{found[0]} lacks {FAVOR_DYNMODS}: each sandbox start waits ~10 ms to join "
+                "its cgroup",
+                fix,
+            )
+        return f"{', '.join(V1_CONTROLLERS)} under {ROOT}; {FAVOR_DYNMODS} set at server start"
+    dynmods = f"; {found[0]} has {FAVOR_DYNMODS}" if found is not None else ""
+    return f"{', '.join(V1_CONTROLLERS)} under {ROOT}{dynmods}"
 
 
 def check_loop_devices(settings: Settings) -> str:
@@ -147,7 +161,17 @@ async def check_runtime(settings: Settings) -> str:
             f"{result.return_code}): {last}",
             "rebuild the runtime image: `make clean install`",
         )
-    return f"a sandbox imports the data stack ({result.duration_ms} ms)"
+    imported = f"a sandbox imports the data stack ({result.duration_ms} ms)"
+    if settings.isolation == "fork":
+        from .sandbox.forked import INIT_PROGRAM
+
+        if not await asyncio.to_thread((settings.runtime_dir / INIT_PROGRAM).exists):
+            raise Warned(
+                f"{imported}, but the runtime has no {INIT_PROGRAM}: each sandbox's init "
+                "runs in Python and holds ~2 MiB more",
+                "`make install` compiles it (it needs gcc and libc6-dev)",
+            )
+    return imported
 
 
 def check_data_dir(settings: Settings) -> str:

@@ -7,13 +7,14 @@ import contextlib
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
 
 import pytest
 
-from sandbank.errors import IsolationUnavailable
+from sandbank.errors import IsolationUnavailable, SandboxError
 from sandbank.sandbox import bwrap, forked
 from sandbank.sandbox import template as template_module
 from sandbank.sandbox.base import PythonCall
@@ -209,6 +210,47 @@ async def test_workspace_disks_are_copies_of_one_formatted_image_and_detach_on_d
     await runtime.destroy(sh.session.id, "tests")
     await runtime.drain()
     assert _loops_backed_by(data) == []
+
+
+async def test_pid_1_is_the_small_static_init_and_it_reaps_orphans(sb: Shell) -> None:
+    r = await sb.sh(
+        "readlink /proc/1/exe; grep VmRSS /proc/1/status; "
+        "for i in 1 2 3; do (sleep 0.1 &); done; sleep 0.5; "
+        "grep -l '^State:.*Z' /proc/[0-9]*/status | wc -l"
+    )
+    exe, rss, zombies = r.stdout.split("\n", 2)
+    assert exe == f"{forked.RUNTIME_MOUNT}/{forked.INIT_PROGRAM}", r  # exec'd: no Python heap
+    assert int(rss.split()[1]) < 2048, rss  # kB
+    assert zombies.strip() == "0", r
+    r = await sb.py("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    assert "segmentation fault" in r.stderr, r  # the status it reports names the signal
+    assert (await sb.py("print('back')")).stdout == "back\n"
+
+
+async def test_a_workspace_disk_that_fails_while_the_child_waits_fails_only_that_lease(
+    runtime: Runtime,
+) -> None:
+    # The disk is made while the template forks; the child waits for it, and leaves without it.
+    real = forked.disk.create_from
+
+    def no_room(*args: object) -> None:
+        time.sleep(0.2)  # the fork is done and its child waiting by now
+        raise SandboxError("no room for the workspace disk")
+
+    with (
+        mock.patch.object(forked.disk, "create_from", no_room),
+        pytest.raises(SandboxError, match="no room for the workspace disk"),
+    ):
+        await runtime.create("tests")
+    await runtime.drain()
+    left = {k: v for k, v in runtime.backend.leftovers().items() if v}
+    assert left == {}, left
+    assert forked.disk.create_from is real
+    sh = Shell(runtime, await runtime.create("tests"))  # the next lease is served
+    try:
+        assert (await sh.sh("touch /workspace/x && ls /workspace")).stdout == "x\n"
+    finally:
+        await runtime.destroy(sh.session.id, "tests")
 
 
 async def test_a_template_that_stops_answering_is_replaced_and_the_lease_still_succeeds() -> None:

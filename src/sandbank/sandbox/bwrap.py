@@ -79,6 +79,21 @@ def data_fd(data: bytes) -> int:
     return fd
 
 
+def favor_dynamic_moves() -> None:
+    """Ask for cheap cgroup moves (cgroups.favor_dynamic_moves); a refusal only costs speed."""
+    try:
+        state = cgroups.favor_dynamic_moves()
+    except OSError as e:
+        log.warning(
+            "cgroup2 favordynmods could not be enabled (%s): each sandbox start waits ~10 ms "
+            "more to join its cgroup",
+            e,
+        )
+        return
+    if state == "enabled":
+        log.info("remounted cgroup2 with favordynmods: sandboxes join their cgroups faster")
+
+
 def check_available(
     tools: tuple[tuple[str, str], ...] = (("bwrap", "bubblewrap"), ("setpriv", "util-linux")),
     otherwise: str = "SANDBANK_ISOLATION=none, unisolated, for development only",
@@ -371,6 +386,8 @@ class BwrapBackend(Backend):
         os.chmod(self.base_dir, 0o711)  # noqa: S103 - traverse only, no listing
         # Orphans of sandboxes (bwrap's inner init) are reparented to us instead of PID 1.
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        if self.settings.cgroup_favor_dynmods:
+            await asyncio.to_thread(favor_dynamic_moves)
         await asyncio.to_thread(self._cleanup_stale)
         # Sessions are counted by their idle cost (capacity.py); together they stay below this.
         cgroups.limit_instance(self.instance, capacity.sessions_memory())

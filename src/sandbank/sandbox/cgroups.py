@@ -13,11 +13,16 @@ import time
 from pathlib import Path
 
 from ..errors import IsolationUnavailable
+from . import disk
 
 ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "pids", "cpu")
 UNIFIED = "unified"
 CFS_PERIOD_US = 100_000
+# cgroup2's mount option that makes moving a process between groups cheap (Linux 6.0+): without
+# it every move waits out an RCU grace period, ~10 ms, on the path of each lease.
+FAVOR_DYNMODS = "favordynmods"
+MS_REMOUNT = 32
 
 
 def check_available(root: Path = ROOT) -> None:
@@ -134,6 +139,42 @@ def remove_instance_dirs(instance: str, root: Path = ROOT) -> None:
     for ctrl in (*V1_CONTROLLERS, UNIFIED):
         with contextlib.suppress(OSError):
             (root / ctrl / "sandbank" / instance).rmdir()
+
+
+def cgroup2_mount(mountinfo: str, root: Path = ROOT) -> tuple[str, str] | None:
+    """(mount point, super-block options) of the cgroup2 tree under `root`, if there is one."""
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        tail = line.split(" - ", 1)[1].split()
+        point = fields[4]
+        if tail and tail[0] == "cgroup2" and Path(point).is_relative_to(root):
+            return point, tail[2] if len(tail) > 2 else ""
+    return None
+
+
+def remount_data(options: str) -> str:
+    """The options to remount cgroup2 with: what it has, less rw/ro, plus favordynmods."""
+    kept = [o for o in options.split(",") if o and o not in ("rw", "ro", FAVOR_DYNMODS)]
+    return ",".join([*kept, FAVOR_DYNMODS])
+
+
+def favor_dynamic_moves(root: Path = ROOT) -> str:
+    """Make moves into a cgroup cheap: "on" (already), "enabled" (by us) or "absent" (no cgroup2).
+
+    Raises OSError when the kernel or our privileges refuse; the server then runs as before,
+    each lease paying one RCU grace period more.
+    """
+    with open("/proc/self/mountinfo") as f:
+        found = cgroup2_mount(f.read(), root)
+    if found is None:
+        return "absent"
+    point, options = found
+    if FAVOR_DYNMODS in options.split(","):
+        return "on"
+    disk.sys_mount(None, Path(point), None, MS_REMOUNT, remount_data(options))
+    return "enabled"
 
 
 def _write(path: Path, value: int | str) -> None:

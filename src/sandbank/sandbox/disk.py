@@ -85,7 +85,7 @@ def mount_image(image: Path, point: Path) -> None:
 def mount_tmpfs(point: Path, size_bytes: int, *, noexec: bool = False) -> None:
     """A fresh tmpfs (nosuid, nodev) of at most `size_bytes` at `point`: one system call."""
     flags = MS_NOSUID | MS_NODEV | (MS_NOEXEC if noexec else 0)
-    _mount("sandbank", point, "tmpfs", flags, f"size={size_bytes},mode=755")
+    sys_mount("sandbank", point, "tmpfs", flags, f"size={size_bytes},mode=755")
 
 
 def remount_readonly(point: Path) -> None:
@@ -148,13 +148,19 @@ def _copy_sparse(src: Path, dst: Path) -> None:
             pos = end
 
 
-def _mount(source: str, target: Path, fstype: str, flags: int, data: str | None = None) -> None:
+def sys_mount(
+    source: str | None, target: Path, fstype: str | None, flags: int, data: str | None = None
+) -> None:
+    """mount(2) itself: no subprocess, and flags (such as MS_REMOUNT) mount(8) would rewrite."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
-    opts = data.encode() if data is not None else None
-    if libc.mount(source.encode(), str(target).encode(), fstype.encode(), flags, opts) != 0:
+
+    def c(text: str | None) -> bytes | None:
+        return text.encode() if text is not None else None
+
+    if libc.mount(c(source), str(target).encode(), c(fstype), flags, c(data)) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
@@ -179,7 +185,7 @@ def _attach_and_mount(image: Path, mountpoint: Path) -> None:
                     if e.errno == errno.EBUSY:
                         continue
                     raise
-                _mount(f"/dev/loop{n}", mountpoint, "ext4", MS_NOSUID | MS_NODEV)
+                sys_mount(f"/dev/loop{n}", mountpoint, "ext4", MS_NOSUID | MS_NODEV)
                 return
             finally:
                 os.close(loop)  # with AUTOCLEAR, the mount now holds the device

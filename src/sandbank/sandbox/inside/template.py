@@ -12,8 +12,8 @@ Each order makes two processes, where bwrap has three:
   enters the host's mount namespace (the template's own hides the workspaces mounted after it
   started), unshares mount, network, IPC, UTS and cgroup namespaces, builds the root (tmpfs,
   read-only binds, /proc, /dev, /tmp, the workspace), pivots into it, drops every privilege,
-  installs the seccomp filter, forks the worker, reaps every orphan and reports the worker's
-  exit status on a status pipe;
+  installs the seccomp filter, forks the worker, then becomes `sb-init` (runtime/sb-init.c),
+  which reaps every orphan and reports the worker's exit status on a status pipe;
 - the *worker*: resets what it inherited from the template (random generators, signals,
   environment) and runs `worker.main()` on its pipes.
 
@@ -40,8 +40,8 @@ import traceback
 from typing import Any
 
 # Fixed descriptor layout in the init: the pipes the server sent, in this order.
-FD_IN, FD_OUT, FD_ERR, FD_INTERRUPT, FD_STATUS, FD_HOSTNS = 0, 1, 2, 3, 4, 5
-N_ORDER_FDS = 5
+FD_IN, FD_OUT, FD_ERR, FD_INTERRUPT, FD_STATUS, FD_GO, FD_HOSTNS = 0, 1, 2, 3, 4, 5, 6
+N_ORDER_FDS = 6
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -224,7 +224,7 @@ def init(order: dict[str, Any], boot: dict[str, Any], fds: list[int], hostns: in
     """
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    # The order's pipes take 0..4 and the host namespace 5; everything else is closed.
+    # The order's pipes take 0..5 and the host namespace 6; everything else is closed.
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (*fds, hostns)]
     for target, fd in enumerate(high):
         os.dup2(fd, target)
@@ -235,6 +235,7 @@ def init(order: dict[str, Any], boot: dict[str, Any], fds: list[int], hostns: in
             f.write("0")  # this process
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
         f.write("-1000")  # the memory limit's victim is the worker, not its init
+    workspace_mounted()  # before entering the host's mount namespace, which then copies it
     # The template's own mount namespace hides workspaces mounted after it started.
     _check(_libc.setns(FD_HOSTNS, CLONE_NEWNS), "setns")
     os.close(FD_HOSTNS)
@@ -252,6 +253,10 @@ def init(order: dict[str, Any], boot: dict[str, Any], fds: list[int], hostns: in
     for fd in (FD_IN, FD_OUT, FD_INTERRUPT):
         os.dup2(devnull, fd)
     os.close(devnull)
+    # The init's work is a wait loop: the small static program does it without holding the
+    # template's copied Python heap (~2 MiB a sandbox). Without it, the same loop in Python.
+    with contextlib.suppress(OSError):
+        os.execv(order["init"], ["sb-init", str(worker_pid)])  # noqa: S606 - our own program
     while True:
         pid, status = os.wait()
         if pid == worker_pid:
@@ -260,6 +265,14 @@ def init(order: dict[str, Any], boot: dict[str, Any], fds: list[int], hostns: in
             with contextlib.suppress(OSError):
                 os.write(FD_STATUS, struct.pack(">i", code))
             os._exit(code)
+
+
+def workspace_mounted() -> None:
+    """Wait for the server's word that the workspace disk is mounted (it is made meanwhile)."""
+    word = os.read(FD_GO, 1)
+    os.close(FD_GO)
+    if word != b"g":
+        raise SystemExit("the workspace disk was not made")
 
 
 def run_worker(order: dict[str, Any], boot: dict[str, Any]) -> None:
@@ -372,7 +385,7 @@ def preload(modules: list[str]) -> list[str]:
 def release_files() -> None:
     """Close what imports left open: a child must never find an object bound to a descriptor.
 
-    Its descriptors are renumbered (its pipes take 0..4), so an object of the template holding
+    Its descriptors are renumbered (its pipes take 0..5), so an object of the template holding
     fd 3 or 4 (matplotlib keeps its fonts open) would read the sandbox's interrupt pipe.
     """
     fm = sys.modules.get("matplotlib.font_manager")
