@@ -1,13 +1,18 @@
 """Benchmark the fork backend side by side with bwrap, in-process (no HTTP). Run as root.
 
     .venv/bin/python bench/fork.py [--backends bwrap,fork] [--sessions 50] [--burst 40]
+    .venv/bin/python bench/fork.py --fill [--floor-mib 2048] [--backends fork]
 
-Per backend: idle memory of a session that has imported pandas (the drop of MemAvailable per
+Per backend, with the server's default settings (pool size and session count derived from this
+machine): idle memory of a session that has imported pandas (the drop of MemAvailable per
 session over N idle sessions, and the PSS of each session's cgroup); a burst of concurrent
-creates each followed by a first numpy call (p50, p99), with the default pool of 2 and, for
-fork, with a pool as large as the burst; a lease from an empty pool; a warm
-`print(1)`; the first pandas call of a fresh lease. With fork, the template's own memory is
-printed apart. MemAvailable is machine-wide: on a shared machine other work moves it too.
+creates each followed by a first numpy call (p50, p99), with the default pool and with a pool of
+2; a lease from an empty pool; a warm `print(1)`; the first pandas call of a fresh lease. With
+fork, the template's own memory is printed apart. MemAvailable is machine-wide: on a shared
+machine other work moves it too.
+
+`--fill` leases idle pandas sessions (no session limit) until the machine's MemAvailable falls
+below the floor or a lease fails, and prints how many it held against the derived default.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from sandbank import capacity
 from sandbank.config import Settings
 from sandbank.sandbox.base import PythonCall
 from sandbank.sandbox.bwrap import BwrapSandbox
@@ -87,30 +93,66 @@ class Bench:
         self.data.chmod(0o711)
         self.runs = 0
 
-    def runtime(self, pool: int) -> Runtime:
+    def runtime(self, pool: int = -1, max_sessions: int = 0) -> Runtime:
+        """A runtime with the server's defaults (-1 and 0 derive pool and session count)."""
         self.runs += 1
         return Runtime(
             Settings(
                 data_dir=self.data / f"r{self.runs}",
                 isolation=self.backend,  # type: ignore[arg-type]
                 pool_size=pool,
-                max_sessions=max(self.args.sessions, self.args.burst) + 8,
+                max_sessions=max_sessions,
                 fork_template_max_forks=0,
             )
         )
 
     async def run(self) -> None:
         try:
+            if self.args.fill:
+                await self.fill()
+                return
             await self.idle_memory()
-            await self.burst()
-            if self.backend == "fork":  # idle forks are cheap enough to pool a whole burst
-                await self.burst(pool=self.args.burst)
+            await self.burst()  # the default pool
+            await self.burst(pool=2)
             await self.singles()
         finally:
             shutil.rmtree(self.data, ignore_errors=True)
 
+    async def fill(self) -> None:
+        """Idle pandas sessions until the machine's memory runs low or a lease fails."""
+        floor = self.args.floor_mib * 2**20
+        default = self.runtime().settings.max_sessions
+        rt = self.runtime(pool=0, max_sessions=capacity.CEILING)
+        await rt.start()
+        held, t0, why = [], time.monotonic(), f"the ceiling of {capacity.CEILING}"
+        try:
+            await asyncio.sleep(1.0)
+            before = mem_available()
+            while len(held) < capacity.CEILING:
+                if mem_available() < floor:
+                    why = f"MemAvailable below {self.args.floor_mib} MiB"
+                    break
+                try:
+                    s = await rt.create(TENANT)
+                    held.append(s)
+                    await call(rt, s.id, PANDAS)
+                except Exception as e:  # what stopped the fill is the result
+                    why = f"a lease failed: {e!r}"[:200]
+                    break
+                if len(held) % 100 == 0:
+                    print(f"{self.backend:<6} ... {len(held)} sessions", flush=True)
+            drop = (before - mem_available()) / max(1, len(held)) / 2**20
+            print(
+                f"{self.backend:<6} fill: {len(held)} idle pandas sessions held "
+                f"({drop:.1f} MiB of MemAvailable each) in {time.monotonic() - t0:.0f} s, "
+                f"stopped by {why}; the derived default max_sessions here is {default}",
+                flush=True,
+            )
+        finally:
+            await rt.shutdown()
+
     async def idle_memory(self) -> None:
-        rt = self.runtime(pool=0)
+        rt = self.runtime(pool=0, max_sessions=self.args.sessions + 8)
         await rt.start()
         try:
             await asyncio.sleep(1.0)
@@ -141,12 +183,23 @@ class Bench:
         finally:
             await rt.shutdown()
 
-    async def burst(self, pool: int = 2) -> None:
+    async def burst(self, pool: int = -1) -> None:
+        before = mem_available()
         rt = self.runtime(pool=pool)
+        pool = rt.settings.pool_size
         await rt.start()
         try:
             await rt.pool.wait_full(timeout=600)
             await asyncio.sleep(1.0)  # the pool's last start settles
+            drop = (before - mem_available()) / 2**20
+            template = getattr(rt.backend, "template", None)
+            apart = template.memory()["pss"] / 2**20 if template is not None else 0.0
+            print(
+                f"{self.backend:<6} pool of {pool} (max_sessions {rt.settings.max_sessions}): "
+                f"MemAvailable drop {drop:.0f} MiB with the server"
+                + (f", of which the template's PSS {apart:.0f} MiB" if template else ""),
+                flush=True,
+            )
 
             async def client() -> tuple[float, str]:
                 t0 = time.perf_counter()
@@ -197,4 +250,6 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--burst", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--fill", action="store_true", help="count the sessions memory holds")
+    parser.add_argument("--floor-mib", type=int, default=2048)
     asyncio.run(main(parser.parse_args()))

@@ -48,3 +48,19 @@ def test_the_pool_is_derived_only_when_left_at_minus_one() -> None:
     assert Settings(isolation="fork", pool_size=0).pool_size == 0
     assert Settings(isolation="fork", max_sessions=400).pool_size == 400 // capacity.POOL_SHARE
     assert Settings(isolation="bwrap", max_sessions=400).pool_size == capacity.POOL_MIN
+
+
+def test_the_open_files_limit_is_raised_for_the_sessions_but_never_past_the_hard_limit() -> None:
+    import resource
+
+    saved = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, saved[1]))
+        soft, want = capacity.raise_open_files(10)
+        assert want == capacity.FDS_BASE + 10 * capacity.FDS_PER_SANDBOX
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == soft == min(want, saved[1])
+        soft, want = capacity.raise_open_files(10**9)  # more than any hard limit allows
+        assert soft < want and resource.getrlimit(resource.RLIMIT_NOFILE)[0] == soft
+        assert soft == saved[1] or saved[1] == resource.RLIM_INFINITY
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, saved)

@@ -21,6 +21,8 @@ FLOOR, CEILING = 4, 2000  # below the floor a server is not worth running; the c
 # The warm pool a fork server keeps: one per POOL_SHARE sessions, so a burst of new sessions
 # (agents start many at once) is served from it; a pooled fork costs what an idle session does.
 POOL_SHARE, POOL_MIN, POOL_MAX = 20, 2, 64
+# The server's descriptors: its own, plus each sandbox's pipes, pidfd, loop and cgroup files.
+FDS_BASE, FDS_PER_SANDBOX = 1024, 16
 
 
 def mem_total() -> int:
@@ -53,3 +55,24 @@ def sessions_memory(total: int | None = None) -> int:
     """What all of a server's sandboxes together may use (bytes): the machine less the reserve."""
     total = mem_total() if total is None else total
     return max(total - SERVER_RESERVE_MIB * MiB, total // 2)
+
+
+def raise_open_files(sandboxes: int) -> tuple[int, int]:
+    """Raise the server's soft RLIMIT_NOFILE toward what `sandboxes` need; (soft, wanted).
+
+    Only up to the hard limit (or the kernel's `nr_open`), which the server does not change.
+    """
+    import resource
+
+    want = FDS_BASE + FDS_PER_SANDBOX * sandboxes
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        with open("/proc/sys/fs/nr_open") as f:  # the kernel's own ceiling
+            hard_cap = int(f.read())
+    else:
+        hard_cap = hard
+    target = min(want, hard_cap)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return soft, want

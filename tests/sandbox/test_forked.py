@@ -179,6 +179,11 @@ async def test_the_template_is_single_threaded_and_its_memory_is_reported_apart(
     ), held
     mem = template.memory()
     assert mem["templates"] == 1 and mem["pss"] > 20 * 2**20  # the data stack, once
+    # Its heap is in huge pages: a fork copies fewer page tables (MADV_COLLAPSE, Linux 6.1).
+    rollup = Path(f"/proc/{template.pid}/smaps_rollup").read_text()
+    huge_kib = int(rollup.split("AnonHugePages:")[1].split()[0])
+    if tuple(map(int, os.uname().release.split(".")[:2])) >= (6, 1):
+        assert huge_kib >= 8 * 1024, rollup
 
 
 async def test_no_host_path_reaches_the_environments_a_sandbox_can_read(sb: Shell) -> None:

@@ -389,6 +389,14 @@ class BwrapBackend(Backend):
         if self.settings.cgroup_favor_dynmods:
             await asyncio.to_thread(favor_dynamic_moves)
         await asyncio.to_thread(self._cleanup_stale)
+        sandboxes = self.settings.max_sessions + self.settings.pool_size
+        soft, want = capacity.raise_open_files(sandboxes)
+        if soft < want:
+            log.warning(
+                "open files are limited to %d; %d sandboxes want %d (raise the hard limit, "
+                "`ulimit -Hn`, or lower SANDBANK_MAX_SESSIONS)",
+                soft, sandboxes, want,
+            )  # fmt: skip
         # Sessions are counted by their idle cost (capacity.py); together they stay below this.
         cgroups.limit_instance(self.instance, capacity.sessions_memory())
 

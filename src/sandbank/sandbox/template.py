@@ -288,8 +288,9 @@ class Template:
         task.add_done_callback(self._tasks.discard)
         mem = process_memory(proc.pid)
         log.info(
-            "fork template %d ready in %.2f s (pid %d, PSS %.1f MiB)",
+            "fork template %d ready in %.2f s (pid %d, PSS %.1f MiB, %s MiB in huge pages)",
             p.generation, time.monotonic() - t0, proc.pid, mem.get("pss", 0) / 2**20,
+            hello.get("huge_mib", 0),
         )  # fmt: skip
         return p
 

@@ -55,6 +55,7 @@ MNT_DETACH = 2
 PR_SET_DUMPABLE, PR_SET_NAME, PR_SET_SECCOMP, PR_CAPBSET_DROP = 4, 15, 22, 24
 PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
 SECCOMP_MODE_FILTER = 2
+MADV_COLLAPSE, HUGE_PAGE = 25, 2 << 20
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -374,6 +375,8 @@ def preload(modules: list[str]) -> list[str]:
         except Exception as e:
             failed.append(f"{name}: {e!r}")
     importlib.import_module("sandbank_inside.editor")  # the worker imports it
+    with contextlib.suppress(ImportError):
+        importlib.import_module("sandbank_plotly")  # and this, at its start
 
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is not None:
@@ -392,6 +395,31 @@ def release_files() -> None:
     if fm is not None:
         fm._get_font.cache_clear()  # each child opens the fonts it uses, ~ms
     gc.collect()
+
+
+def collapse_heap() -> int:
+    """Back the template's anonymous memory with huge pages where the kernel can (bytes done).
+
+    A fork copies the page tables of private memory; 2 MiB pages have no last level to copy,
+    so each fork is faster and each sandbox holds less. A child writing to one copies 4 KiB
+    of it, as before. Needs MADV_COLLAPSE (Linux 6.1); without it nothing changes.
+    """
+    _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    with open("/proc/self/maps") as f:
+        for row in f:
+            fields = row.split()
+            anonymous = fields[4] == "0" and (len(fields) == 5 or fields[5] == "[heap]")
+            if fields[1] != "rw-p" or not anonymous:
+                continue
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            lo, hi = (lo + HUGE_PAGE - 1) & -HUGE_PAGE, hi & -HUGE_PAGE
+            if hi > lo:
+                _libc.madvise(lo, hi - lo, MADV_COLLAPSE)  # best effort, range by range
+    with open("/proc/self/smaps_rollup") as f:
+        for row in f:
+            if row.startswith("AnonHugePages:"):
+                return int(row.split()[1]) * 1024
+    return 0
 
 
 def open_files() -> list[str]:
@@ -478,13 +506,11 @@ def main() -> None:
     failed = preload(list(boot.get("modules", [])))
     gc.collect()
     gc.freeze()  # the collector never touches these objects again: their pages stay shared
+    huge = collapse_heap()
     threads = len(os.listdir("/proc/self/task"))
     failed += [f"left open: {f}" for f in open_files()]
-    sock.send(
-        json.dumps(
-            {"ready": True, "pid": os.getpid(), "threads": threads, "failed": failed}
-        ).encode()
-    )
+    hello = {"ready": True, "pid": os.getpid(), "threads": threads, "failed": failed}
+    sock.send(json.dumps({**hello, "huge_mib": huge >> 20}).encode())
     serve(sock, boot, hostns)
 
 
