@@ -5,11 +5,12 @@
 
 Per backend, with the server's default settings (pool size and session count derived from this
 machine): idle memory of a session that has imported pandas (the drop of MemAvailable per
-session over N idle sessions, and the PSS of each session's cgroup); a burst of concurrent
+session over N idle sessions, and the PSS of each session's cgroup; PSS and charge again for
+sessions leased from the warm pool, which pre-walked pandas); a burst of concurrent
 creates each followed by a first numpy call (p50, p99), with the default pool and with a pool of
-2; a lease from an empty pool; a warm `print(1)`; the first pandas call of a fresh lease. With
-fork, the template's own memory is printed apart. MemAvailable is machine-wide: on a shared
-machine other work moves it too.
+2; a lease from an empty pool and from a warm one; a warm `print(1)`; the first pandas call of
+a fresh lease, from either. With fork, the template's own memory is printed apart.
+MemAvailable is machine-wide: on a shared machine other work moves it too.
 
 `--fill` leases idle pandas sessions (no session limit) until the machine's MemAvailable falls
 below the floor or a lease fails, and prints how many it held against the derived default.
@@ -25,7 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandbank import capacity
 from sandbank.config import Settings
 from sandbank.sandbox.base import PythonCall
 from sandbank.sandbox.bwrap import BwrapSandbox
@@ -112,6 +112,7 @@ class Bench:
                 await self.fill()
                 return
             await self.idle_memory()
+            await self.pooled_memory()
             await self.burst()  # the default pool
             await self.burst(pool=2)
             await self.singles()
@@ -122,13 +123,14 @@ class Bench:
         """Idle pandas sessions until the machine's memory runs low or a lease fails."""
         floor = self.args.floor_mib * 2**20
         default = self.runtime().settings.max_sessions
-        rt = self.runtime(pool=0, max_sessions=capacity.CEILING)
+        limit = self.args.limit
+        rt = self.runtime(pool=0, max_sessions=limit)
         await rt.start()
-        held, t0, why = [], time.monotonic(), f"the ceiling of {capacity.CEILING}"
+        held, t0, why = [], time.monotonic(), f"the bench's limit of {limit}"
         try:
             await asyncio.sleep(1.0)
             before = mem_available()
-            while len(held) < capacity.CEILING:
+            while len(held) < limit:
                 if mem_available() < floor:
                     why = f"MemAvailable below {self.args.floor_mib} MiB"
                     break
@@ -180,6 +182,27 @@ class Bench:
                     f"{mem['pss'] / 2**20:.1f} MiB, RSS {mem['rss'] / 2**20:.1f} MiB",
                     flush=True,
                 )
+        finally:
+            await rt.shutdown()
+
+    async def pooled_memory(self) -> None:
+        """The same, for sessions leased from the warm pool (which walked pandas' first uses)."""
+        n = self.args.sessions
+        rt = self.runtime(pool=n, max_sessions=2 * n + 8)
+        await rt.start()
+        try:
+            await rt.pool.wait_full(timeout=600)
+            sessions = [await rt.create(TENANT) for _ in range(n)]
+            for s in sessions:
+                await call(rt, s.id, PANDAS)
+            await asyncio.sleep(2.0)
+            pss = [cgroup_pss(s) / 2**20 for s in sessions]
+            charged = [cgroup_charge(s) / 2**20 for s in sessions]
+            print(
+                f"{self.backend:<6} idle pandas session leased from the pool: PSS p50 "
+                f"{pct(pss, 0.5):.1f} MiB; charged to its cgroup p50 {pct(charged, 0.5):.1f} MiB",
+                flush=True,
+            )
         finally:
             await rt.shutdown()
 
@@ -235,6 +258,22 @@ class Bench:
             line(self.backend, "warm call print(1)", warms)
         finally:
             await rt.shutdown()
+        rt = self.runtime(pool=2)  # leases from a warm pool, which pre-imports pandas
+        await rt.start()
+        try:
+            leases, pandas = [], []
+            for _ in range(self.args.rounds):
+                await rt.pool.wait_full(timeout=600)
+                await asyncio.sleep(0.5)
+                t0 = time.perf_counter()
+                s = await rt.create(TENANT)
+                leases.append((time.perf_counter() - t0) * 1000)
+                pandas.append(await call(rt, s.id, PANDAS))
+                await rt.destroy(s.id, TENANT)
+            line(self.backend, "lease, warm pool", leases)
+            line(self.backend, "first pandas call, pooled lease", pandas)
+        finally:
+            await rt.shutdown()
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -252,4 +291,5 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--fill", action="store_true", help="count the sessions memory holds")
     parser.add_argument("--floor-mib", type=int, default=2048)
+    parser.add_argument("--limit", type=int, default=4000, help="most sessions --fill leases")
     asyncio.run(main(parser.parse_args()))
