@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from sandbank import capacity
 from sandbank.config import Settings
@@ -13,7 +14,8 @@ GiB = 1 << 30
 def test_fork_sessions_are_counted_by_their_idle_cost_after_room_for_busy_ones() -> None:
     cpus = max(2, os.cpu_count() or 1)
     n = capacity.derived_max_sessions("fork", 1024, 50000, total=24 * GiB)
-    assert n == (24 * 1024 - capacity.SERVER_RESERVE_MIB - cpus * 1024) // 24
+    cost = capacity.IDLE_COST_MIB["fork"]
+    assert n == (24 * 1024 - capacity.SERVER_RESERVE_MIB - cpus * 1024) // cost
     bwrap = capacity.derived_max_sessions("bwrap", 1024, 50000, total=24 * GiB)
     assert n > 3 * bwrap  # a fork shares the template's pages
     # A bigger limit per session leaves less room for idle ones.
@@ -64,3 +66,32 @@ def test_the_open_files_limit_is_raised_for_the_sessions_but_never_past_the_hard
         assert soft == saved[1] or saved[1] == resource.RLIM_INFINITY
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, saved)
+
+
+POD_V2 = "0::/kubepods/burstable/pod1234/cri-abc\n"
+HYBRID = "4:memory:/process_api/x\n1:cpu:/\n0::/\n"
+
+
+def test_the_limit_files_are_the_groups_own_and_its_ancestors_on_v2_v1_or_both() -> None:
+    v2 = capacity.cgroup_limit_files(POD_V2, "/cg")
+    assert v2[:4] == [
+        "/cg/kubepods/burstable/pod1234/cri-abc/memory.max",
+        "/cg/kubepods/burstable/pod1234/memory.max",  # the pod's limit, above the container's
+        "/cg/kubepods/burstable/memory.max",
+        "/cg/kubepods/memory.max",
+    ]
+    assert "/cg/memory.max" in v2  # a cgroup namespace shows the container's group as the root
+    hybrid = capacity.cgroup_limit_files(HYBRID, "/cg")
+    assert hybrid[:3] == [
+        "/cg/memory/process_api/x/memory.limit_in_bytes",
+        "/cg/memory/process_api/memory.limit_in_bytes",
+        "/cg/memory/memory.limit_in_bytes",
+    ]
+    assert "/cg/unified/memory.max" in hybrid and not any("/cpu" in f for f in hybrid)
+
+
+def test_no_limit_is_read_as_none(tmp_path: Path) -> None:
+    for text, want in (("max\n", 0), ("9223372036854771712\n", 0), ("3221225472\n", 3 * GiB)):
+        (tmp_path / "memory.max").write_text(text)
+        assert capacity._read_limit(str(tmp_path / "memory.max")) == want
+    assert capacity._read_limit(str(tmp_path / "absent")) == 0

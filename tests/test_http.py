@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 
 from sandbank.errors import AtCapacity
 from sandbank.http import EXCEPTION_HANDLERS
+from sandbank.sandbox.template import TemplateGone
 
 
 async def boom(request: Request) -> Response:
@@ -23,8 +24,13 @@ async def full(request: Request) -> Response:
     raise AtCapacity("all busy", retry_after=7)
 
 
+async def no_template(request: Request) -> Response:
+    raise TemplateGone("the fork template is gone")
+
+
 def app() -> Starlette:
     routes = [Route("/boom", boom), Route("/api/boom", boom), Route("/full", full)]
+    routes.append(Route("/no-template", no_template))
     return Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS)
 
 
@@ -52,3 +58,10 @@ def test_at_capacity_carries_retry_after() -> None:
     r = TestClient(app()).get("/full")
     assert r.status_code == 503 and r.headers["retry-after"] == "7"
     assert r.json() == {"detail": "all busy"}
+
+
+def test_a_sandbox_that_cannot_start_now_is_a_503_to_retry_not_a_500() -> None:
+    """CreateSession's contract has 503 for "no session leased", and no 500."""
+    r = TestClient(app()).get("/no-template")
+    assert r.status_code == 503 and r.headers["retry-after"] == "2"
+    assert r.json() == {"detail": "the fork template is gone"}

@@ -171,3 +171,20 @@ def test_a_restarted_interpreter_is_counted_by_reason(server: Server) -> None:
     assert restarts("crash") == before["crash"] + 1
     assert restarts("memory") == before["memory"] + 1
     assert restarts("timeout") == before["timeout"] + 1
+
+
+def test_sandbox_memory_is_reported_with_the_fork_template_apart(server: Server) -> None:
+    """The sessions' charge follows what their code holds; the template is its own part."""
+    with server.client(headers=AUTH) as client:
+        sid = client.post("/sessions", json={}).json()["session_id"]
+        try:
+            assert run(client, sid, "x = 1") == 0
+            before = sample(server, "sandbank_sandbox_memory_bytes", part="sandboxes")
+            assert run(client, sid, "held = b'x' * (64 << 20)") == 0  # 64 MiB, written
+            after = sample(server, "sandbank_sandbox_memory_bytes", part="sandboxes")
+            assert after - before >= 60 << 20
+            template = sample(server, "sandbank_sandbox_memory_bytes", part="template")
+            assert template > 20 << 20  # the data stack, imported once and shared
+            assert run(client, sid, "del held") == 0
+        finally:
+            client.delete(f"/sessions/{sid}")

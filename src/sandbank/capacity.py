@@ -1,12 +1,12 @@
 """How many live sessions a machine holds: the default of `SANDBANK_MAX_SESSIONS`.
 
-An idle session costs what `bench/fork.py` measures (the drop of MemAvailable per idle session
-that has imported pandas), with a margin. The machine keeps room for the server (and its fork
-template) and for as many busy sessions at their full memory limit as it has cores; what is left
-is shared by idle sessions. Past the number, the least recently used idle session is reclaimed.
-Since idle sessions may grow, all of a server's sandboxes together are also capped
-(`sessions_memory`, their parent cgroup's limit): when they outgrow the machine, the kernel kills
-inside a sandbox, never the server.
+An idle session costs what `bench/capacity.py --fill` measures (the drop of MemAvailable per
+idle session that has imported pandas, over as many as the machine holds), with a margin. The
+machine keeps room for the server (and its fork template) and for as many busy sessions at
+their full memory limit as it has cores; what is left is shared by idle sessions. Past the
+number, the least recently used idle session is reclaimed. Since idle sessions may grow, all of
+a server's sandboxes together are also capped (`sessions_memory`, their parent cgroup's limit):
+when they outgrow the machine, the kernel kills inside a sandbox, never the server.
 """
 
 from __future__ import annotations
@@ -14,23 +14,74 @@ from __future__ import annotations
 import os
 
 MiB = 1 << 20
-# Measured per idle pandas session (bench/fork.py, 50 sessions), plus a third for margin.
-IDLE_COST_MIB = {"fork": 24, "bwrap": 96, "none": 56}
+# Measured per idle pandas session, filling a 24 GiB machine (bench/capacity.py --fill: fork
+# 10.8 MiB over 1,925 sessions, bwrap 64.0 MiB over 323), plus a third for margin; `none` from
+# the unisolated reference backend's 35-42 MiB.
+IDLE_COST_MIB = {"fork": 15, "bwrap": 85, "none": 56}
 SERVER_RESERVE_MIB = 1024  # the server, the fork template, the page cache the runtime needs
 FLOOR, CEILING = 4, 2000  # below the floor a server is not worth running; the ceiling: pids, fds
 # The warm pool a fork server keeps: one per POOL_SHARE sessions, so a burst of new sessions
 # (agents start many at once) is served from it; a pooled fork costs what an idle session does.
 POOL_SHARE, POOL_MIN, POOL_MAX = 20, 2, 64
-# The server's descriptors: its own, plus each sandbox's pipes, pidfd, loop and cgroup files.
-FDS_BASE, FDS_PER_SANDBOX = 1024, 16
+# The server's descriptors: its own, plus each sandbox's pipes and pidfd (counted in
+# /proc/<server>/fd: 7 a sandbox with fork, 5 with bwrap).
+FDS_BASE, FDS_PER_SANDBOX = 1024, 8
 
 
 def mem_total() -> int:
+    """The memory this server may use: the machine's, or less where its own cgroup caps it.
+
+    In a Kubernetes pod /proc/meminfo shows the node's memory; the pod's limit is on the
+    server's cgroup (v2 `memory.max`, v1 `memory.limit_in_bytes`), and counting past it would
+    let the kernel kill the server's pod instead of a sandbox.
+    """
     with open("/proc/meminfo") as f:
-        for row in f:
-            if row.startswith("MemTotal:"):
-                return int(row.split()[1]) * 1024
-    raise OSError("no MemTotal in /proc/meminfo")
+        machine = next((int(r.split()[1]) * 1024 for r in f if r.startswith("MemTotal:")), 0)
+    if not machine:
+        raise OSError("no MemTotal in /proc/meminfo")
+    try:
+        with open("/proc/self/cgroup") as f:
+            own = f.read()
+    except OSError:
+        return machine
+    limits = [x for x in (_read_limit(path) for path in cgroup_limit_files(own)) if x]
+    return min([machine, *limits])
+
+
+def cgroup_limit_files(proc_self_cgroup: str, root: str = "/sys/fs/cgroup") -> list[str]:
+    """The memory-limit files of this process's cgroup and its ancestors (v2, v1 or both).
+
+    A limit set on an ancestor (a pod's, above the container's own group) binds as well.
+    """
+    files = []
+    for line in proc_self_cgroup.splitlines():
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if not path.startswith("/"):
+            continue
+        if hier == "0" and controllers == "":
+            bases, name = [root, f"{root}/unified"], "memory.max"
+        elif "memory" in controllers.split(","):
+            bases, name = [f"{root}/memory"], "memory.limit_in_bytes"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for base in bases:
+            for depth in range(len(parts), -1, -1):
+                files.append("/".join([base, *parts[:depth], name]))
+    return files
+
+
+def _read_limit(path: str) -> int:
+    """A cgroup memory limit in bytes; 0 for none ("max", v1's near-2^63 default, no file)."""
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return 0
+    if not text.isdigit() or int(text) >= 1 << 62:
+        return 0
+    return int(text)
 
 
 def derived_max_sessions(

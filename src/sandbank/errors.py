@@ -18,7 +18,8 @@
     ├── PayloadTooLarge                413  payload_too_large         1040
     ├── AtCapacity                     503  at_capacity               1050
     ├── SandboxError                   500  sandbox_error             1060
-    │   └── ProtocolError              502  protocol_error            1062
+    │   ├── ProtocolError              502  protocol_error            1062
+    │   └── SandboxUnavailable         503  sandbox_unavailable       1063
     ├── Misdirected                    421  misdirected               1070
     ├── MethodNotAllowed               405  method_not_allowed        1080
     ├── ConfigError                    500  config_error              1090
@@ -189,6 +190,18 @@ class ProtocolError(SandboxError):
     status = 502
     code = "protocol_error"
     number = 1062
+
+
+class SandboxUnavailable(SandboxError):
+    """No sandbox can be started just now (its fork template is being replaced): retry."""
+
+    status = 503
+    code = "sandbox_unavailable"
+    number = 1063
+
+    def __init__(self, message: str = "no sandbox can start now", retry_after: int = 2) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class Misdirected(SandbankError):

@@ -23,6 +23,7 @@ from .errors import (
     Misdirected,
     NotFound,
     SandbankError,
+    SandboxUnavailable,
 )
 from .sandbox.workspace import media_type
 
@@ -58,7 +59,8 @@ def error_response(
 
 async def on_sandbank_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, SandbankError)
-    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, AtCapacity) else None
+    retry = exc.retry_after if isinstance(exc, (AtCapacity, SandboxUnavailable)) else None
+    headers = {"Retry-After": str(retry)} if retry is not None else None
     if exc.status >= 500:
         log.error("%s on %s %s: %s", exc.code, request.method, request.url.path, exc.message)
     return error_response(request, exc, headers)

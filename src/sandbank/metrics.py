@@ -194,6 +194,7 @@ class Metrics:
     def watch_runtime(self, runtime: Runtime) -> None:
         """Gauges read the runtime when scraped: no bookkeeping can drift."""
         self.registry.register(SessionStates(runtime))
+        self.registry.register(SandboxMemory(runtime))
         self.pool_ready.set_function(lambda: runtime.pool.ready)
         Gauge(
             "sandbank_sessions_max",
@@ -223,6 +224,24 @@ class SessionStates(Collector):
         busy = sum(1 for s in sessions if s.inflight)
         family.add_metric(["busy"], busy)
         family.add_metric(["idle"], len(sessions) - busy)
+        yield family
+
+
+class SandboxMemory(Collector):
+    """`sandbank_sandbox_memory_bytes{part}`: the sandboxes' charge, the fork template's PSS."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "sandbank_sandbox_memory_bytes",
+            "Memory held for sandboxes: `sandboxes` is what all of them (pooled ones too) are "
+            "charged together, `template` the fork templates' own (PSS), apart from them.",
+            labels=["part"],
+        )
+        for part, size in sorted(self.runtime.backend.memory().items()):
+            family.add_metric([part], size)
         yield family
 
 

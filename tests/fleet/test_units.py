@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import random
 
+import httpx
 import pytest
 
+from sandbank.config import Settings
 from sandbank.errors import SandbankError, SessionNotFound
 from sandbank.fleet.ids import SessionIds
-from sandbank.fleet.membership import Member, Report, parse_static
+from sandbank.fleet.membership import Member, Membership, Report, parse_static
 from sandbank.fleet.placement import choose
 
 
@@ -69,3 +71,49 @@ def test_static_node_list() -> None:
     assert parse_static("a=http://x:1/, b=https://y") == [("a", "http://x:1"), ("b", "https://y")]
     with pytest.raises(SandbankError):
         parse_static("a=ftp://x")
+
+
+def capacity_body(name: str) -> dict[str, object]:
+    return {
+        "name": name, "instance": "i1", "version": "t", "sessions": 0, "max_sessions": 4,
+        "idle": 0, "inflight": 0, "memory_available_bytes": 1 << 30, "draining": False,
+    }  # fmt: skip
+
+
+@pytest.mark.anyio
+async def test_a_starting_front_gives_a_slow_node_more_rounds_before_it_counts_it_out() -> None:
+    """A first capacity report lost to a loaded machine must not put a live node out."""
+    answered: dict[str, int] = {"a": 0, "b": 0}
+
+    def node(request: httpx.Request) -> httpx.Response:
+        name = request.url.host
+        answered[name] += 1
+        if name == "b" and answered[name] == 1:
+            raise httpx.ReadTimeout("slow", request=request)  # b misses the first round
+        return httpx.Response(200, json=capacity_body(name))
+
+    settings = Settings(
+        role="front", fleet_token="t" * 32, fleet_nodes="a=http://a:1,b=http://b:1",
+        fleet_refresh_seconds=0.01, interpreter_api="off",
+    )  # fmt: skip
+    async with httpx.AsyncClient(transport=httpx.MockTransport(node)) as client:
+        membership = Membership(settings, client)
+        await membership.start()
+        try:
+            assert sorted(m.name for m in membership.up()) == ["a", "b"]
+            assert answered["b"] == 2
+        finally:
+            await membership.close()
+
+    def down(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "b":
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, json=capacity_body(request.url.host))
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(down)) as client:
+        membership = Membership(settings, client)
+        await membership.start()  # a node that never answers is out after START_TRIES rounds
+        try:
+            assert [m.name for m in membership.up()] == ["a"]
+        finally:
+            await membership.close()

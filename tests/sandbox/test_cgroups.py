@@ -1,12 +1,17 @@
-"""cgroup2's favordynmods: found in mountinfo, remounted once at start, and never fatal."""
+"""cgroup2's favordynmods (found in mountinfo, remounted once at start, never fatal); a server
+whose own cgroup caps its memory counts that, not the machine's."""
 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from sandbank import capacity
 from sandbank.sandbox import bwrap, cgroups
 
 MOUNTINFO = """\
@@ -51,3 +56,24 @@ def test_a_kernel_that_refuses_costs_a_warning_not_the_server(
         bwrap.favor_dynamic_moves()
     assert "favordynmods could not be enabled" in caplog.text
     assert "Invalid argument" in caplog.text
+
+
+def test_a_server_in_a_memory_capped_cgroup_sizes_itself_to_the_cap() -> None:
+    """As in a Kubernetes pod: /proc/meminfo shows the node, the server's cgroup the limit."""
+    group = cgroups.ROOT / "memory" / f"sandbank-test-cap-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(3 << 30))
+        probe = (
+            "import sys; from sandbank import capacity\n"
+            f"open('{group}/cgroup.procs', 'w').write('0')\n"
+            "print(capacity.mem_total(), capacity.derived_max_sessions('fork', 512, 50000))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+        ).stdout.split()
+        assert int(out[0]) == 3 << 30
+        assert int(out[1]) == capacity.derived_max_sessions("fork", 512, 50000, total=3 << 30)
+        assert int(out[1]) < capacity.derived_max_sessions("fork", 512, 50000) / 4
+    finally:
+        group.rmdir()

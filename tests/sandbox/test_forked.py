@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
+import resource
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -121,7 +125,7 @@ async def test_a_dead_template_is_replaced_without_failing_leases_or_live_sessio
         await runtime.destroy(before.session.id, "tests")
         await runtime.destroy(after.session.id, "tests")
         await runtime.drain()
-    runtime.reap()  # the dead template's orphans came back to the server
+    await runtime.sweep()  # the dead template's orphans came back to the server: reaped
     assert processes_of_uids(uids) == []
 
 
@@ -274,6 +278,37 @@ async def test_a_template_that_stops_answering_is_replaced_and_the_lease_still_s
         finally:
             os.kill(hung, signal.SIGCONT)  # it sees its socket closed, and leaves
             await rt.shutdown()
+
+
+async def test_a_template_started_by_a_server_past_1024_descriptors_still_serves() -> None:
+    """A busy server holds thousands of descriptors; its template's socket keeps the number."""
+    pair = socket.socketpair
+
+    def high_pair(*args: Any) -> tuple[socket.socket, socket.socket]:
+        ours, theirs = pair(*args)
+        high = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD_CLOEXEC, 1500)
+        theirs.close()
+        return ours, socket.socket(fileno=high)
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    try:
+        with data_dir() as d:
+            rt = Runtime(settings(d))
+            with mock.patch.object(template_module.socket, "socketpair", high_pair):
+                await rt.start()
+            try:
+                pid = _template(rt).pid
+                assert pid is not None
+                assert any(int(fd) >= 1024 for fd in os.listdir(f"/proc/{pid}/fd"))
+                s = await asyncio.wait_for(rt.create("t"), 60)
+                r = await rt.execute(s.id, "t", PythonCall("print('served')"), 10)
+                assert r.stdout == "served\n"
+                assert _template(rt).pid == pid  # the same template, alive
+            finally:
+                await rt.shutdown()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_missing_tools_fail_with_what_to_install(

@@ -66,7 +66,7 @@ async def test_fifty_create_destroy_cycles_leave_exactly_nothing_behind() -> Non
                 assert r.stdout == "x\n"
                 await rt.destroy(s.id, "cycle")
             await rt.drain()
-            rt.reap()
+            await rt.sweep()
             assert _nothing_left(rt.backend) == {}
             assert await wait_until_gone(uids) == []
         finally:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sandbank.config import Settings
 from sandbank.errors import AtCapacity, SessionNotFound
 from sandbank.sandbox import transfers
 from sandbank.sandbox.backend import RUNTIME
+from sandbank.sandbox.fake import FakeBackend
 from sandbank.sandbox.sessions import Runtime
 from tests.sandbox.conftest import BACKENDS, isolation_of
 from tests.support import settings
@@ -109,3 +114,39 @@ async def test_a_download_sends_at_most_the_size_the_file_had_when_opened(
     body = b"".join([chunk async for chunk in download.chunks])
     assert (download.size, body) == (1000, b"a" * 1000)
     assert s.open_files == set()  # the transfer let go of its file
+
+
+class SlowSweepBackend(FakeBackend):
+    """A fake whose sweep takes a while and counts its runs, each one started after `gate`."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.runs = 0
+        self.threads: set[int] = set()
+
+    def sweep(self) -> None:
+        self.runs += 1
+        self.threads.add(threading.get_ident())
+        time.sleep(0.05)
+
+
+async def test_sweeps_run_off_the_loop_one_at_a_time_and_a_burst_shares_them(
+    tmp_path: Path,
+) -> None:
+    backend = SlowSweepBackend(settings(tmp_path, isolation="none"))
+    rt = Runtime(backend.settings, backend)
+    await rt.start()
+    try:
+        await rt.sweep()
+        assert backend.runs == 1 and threading.get_ident() not in backend.threads
+        # Twenty callers at once share one sweep, which starts after all of them called.
+        await asyncio.gather(*(rt.sweep() for _ in range(20)))
+        assert backend.runs == 2
+        # A caller arriving during a sweep waits for one that starts after its call.
+        first = asyncio.ensure_future(rt.sweep())
+        await asyncio.sleep(0.01)
+        runs_at_call = backend.runs
+        await rt.sweep()
+        assert backend.runs == runs_at_call + 1 and first.done()
+    finally:
+        await rt.shutdown()

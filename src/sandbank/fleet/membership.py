@@ -18,6 +18,7 @@ from ..errors import SandbankError
 log = logging.getLogger(__name__)
 CAPACITY_PATH = "/fleet/capacity"
 MISSES_TO_LOSE = 2
+START_TRIES = 3  # capacity rounds a starting front gives a node before it serves without it
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,18 @@ class Membership:
         self._wake = asyncio.Event()
 
     async def start(self) -> None:
-        await self.refresh()
+        """Learn the nodes before serving; a node silent for `START_TRIES` rounds is out.
+
+        A front that has just started knows no node's history: one slow capacity report (a
+        loaded machine, a node busy starting sandboxes) would put that node out at once, and
+        every session on it would be answered "gone" through this front while it is alive.
+        """
+        for attempt in range(START_TRIES):
+            if attempt:
+                await asyncio.sleep(self.settings.fleet_refresh_seconds)
+            await self.refresh()
+            if self.members and all(m.up for m in self.members.values()):
+                break
         self._task = asyncio.create_task(self._forever())
 
     async def close(self) -> None:

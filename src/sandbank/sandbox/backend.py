@@ -97,6 +97,10 @@ class Backend(ABC):
     async def close(self) -> None:  # noqa: B027
         """At shutdown, after every sandbox is closed."""
 
+    def memory(self) -> dict[str, int]:
+        """What its sandboxes hold, in bytes, by part (`sandboxes`, `template`), for metrics."""
+        return {}
+
     def leftovers(self) -> dict[str, list[str]]:
         """Host resources this server still holds (for leak tests and the soak benchmark)."""
         dirs = sorted(p.name for p in self.base_dir.iterdir()) if self.base_dir.exists() else []

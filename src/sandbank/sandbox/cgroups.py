@@ -125,6 +125,17 @@ def limit_instance(instance: str, memory_bytes: int, root: Path = ROOT) -> None:
     _write(mem / "memory.limit_in_bytes", memory_bytes)
 
 
+def instance_memory(instance: str, root: Path = ROOT) -> int:
+    """What all this instance's sandboxes are charged together (bytes; 0 before there are any)."""
+    try:
+        text = (
+            root / V1_CONTROLLERS[0] / "sandbank" / instance / "memory.usage_in_bytes"
+        ).read_text()
+    except OSError:
+        return 0
+    return int(text)
+
+
 def instance_groups(instance: str, root: Path = ROOT) -> list[str]:
     """Names of this instance's sandbox groups present in any hierarchy."""
     names: set[str] = set()

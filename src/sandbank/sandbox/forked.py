@@ -388,6 +388,12 @@ class ForkBackend(BwrapBackend):
         sandbox.on_released = self._open.discard
         return sandbox
 
+    def memory(self) -> dict[str, int]:
+        # The templates' pages are shared by every sandbox forked from them; their PSS is what
+        # they cost beyond the sandboxes' own charge (which counts only pages a fork copied).
+        template = self.template.memory()["pss"] if self.template is not None else 0
+        return {**super().memory(), "template": template}
+
     async def close(self) -> None:
         if self.template is not None:
             await self.template.stop()

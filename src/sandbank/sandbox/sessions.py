@@ -61,6 +61,8 @@ class Runtime:
         self._sessions: dict[str, ExecSession] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._reaper: asyncio.Task[None] | None = None
+        self._sweeping: asyncio.Future[None] | None = None
+        self._sweep_again = False
         self._accepting = False
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -220,13 +222,17 @@ class Runtime:
             await session.sandbox.close()
         except Exception:
             log.exception("failed to remove a sandbox cleanly; the sweep retries")
-        await asyncio.to_thread(self.backend.sweep)  # reap its orphaned processes now
+        await self.sweep()  # reap its orphaned processes now
 
     # --- reaping -------------------------------------------------------------------------
     async def _reap_forever(self) -> None:
         while True:
             await asyncio.sleep(self.settings.reaper_interval_seconds)
             self.reap()
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("the sweep for leftovers failed; the next one retries")
 
     def reap(self, now: float | None = None) -> None:
         """Destroy the sessions expired at `now` (default: the current time)."""
@@ -236,7 +242,26 @@ class Runtime:
             if reason:
                 log.info("reclaiming a session: %s", reason)
                 self._destroy_in_background(session.id)
-        self.backend.sweep()
+
+    async def sweep(self) -> None:
+        """The backend's sweep for leftovers, off the event loop, one at a time.
+
+        It reads /proc and the mount table, which grow with the sessions: a burst of destroys
+        shares sweeps rather than running one each. A caller returns after a sweep that started
+        after its call.
+        """
+        if self._sweeping is not None and not self._sweeping.done():
+            self._sweep_again = True
+        else:
+            self._sweeping = asyncio.ensure_future(self._sweep_until_quiet())
+        await asyncio.shield(self._sweeping)
+
+    async def _sweep_until_quiet(self) -> None:
+        while True:
+            self._sweep_again = False
+            await asyncio.to_thread(self.backend.sweep)
+            if not self._sweep_again:
+                return
 
     def healthy(self) -> bool:
         return self._accepting

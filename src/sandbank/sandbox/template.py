@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import IsolationUnavailable, SandboxError
+from ..errors import IsolationUnavailable, SandboxError, SandboxUnavailable
 from . import image
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,8 @@ exec "$1/bin/python3" -s -m sandbank_inside.template "$5" "$6"
 """
 
 
-class TemplateGone(SandboxError):
-    """The template process died or stopped answering."""
+class TemplateGone(SandboxUnavailable):
+    """The template process died or stopped answering (a lease retried later gets a new one)."""
 
 
 @dataclass
@@ -88,6 +88,8 @@ class _Process:
             raise TemplateGone(f"the fork template is gone: {e!r}") from e
         if not data:
             raise TemplateGone("the fork template closed its socket")
+        for fd in got:  # received descriptors are inheritable: no program we start gets one
+            os.set_inheritable(fd, False)
         reply = json.loads(data)
         if "error" in reply or len(got) != 1:
             for fd in got:
@@ -153,7 +155,7 @@ class Template:
     # --- replacing -------------------------------------------------------------------------
     async def _usable(self) -> _Process:
         if self._stopped:
-            raise SandboxError("the fork template is stopped")
+            raise SandboxUnavailable("the fork template is stopped")
         cur = self._current
         if cur is None or cur.dead or cur.retired:
             async with self._boot_lock:  # one boot for every lease waiting on it

@@ -284,14 +284,16 @@ def run_worker(order: dict[str, Any], boot: dict[str, Any]) -> None:
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
         f.write("0")
     if os.environ.get("SANDBANK_PREIMPORT") == "1":
-        # A pooled sandbox: walk pandas' first-use paths now, so the pages they write are
-        # copied before the lease, not during the client's first call. Charts are left out:
-        # rendering one copies ~10 MiB that most sessions never need.
+        # A pooled sandbox: walk the first steps of most sessions (a frame made, printed and
+        # summed) now, so the pages they write are copied before the lease, not during the
+        # client's first call. Only those: each path walked here is copied into every pooled
+        # sandbox, used or not (bench/fork.py, pooled PSS: ~11 MiB with this walk; ~16 MiB
+        # with a groupby and a describe too, ~14 with a read_csv; a chart copies ~10 MiB).
         os.environ["SANDBANK_PREIMPORT"] = "0"
         with contextlib.suppress(Exception):
             pd = importlib.import_module("pandas")
-            df = pd.DataFrame({"a": [1, 2], "b": ["x", "y"]})
-            repr(df), repr(df.sum()), repr(df.groupby("b").sum().describe())
+            df = pd.DataFrame({"a": [1, 2]})
+            repr(df), repr(df.sum())
     worker: Any = importlib.import_module("sandbank_inside.worker")
     worker.main()
     os._exit(0)
@@ -451,8 +453,13 @@ def serve(sock: socket.socket, boot: dict[str, Any], hostns: int) -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    # poll, not select: a template started by a busy server gets its socket at a number past
+    # select's 1024 (the server's descriptor, kept by pass_fds).
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
     while True:
-        ready, _, _ = select.select([sock.fileno(), wake_r], [], [], 5.0)
+        ready = {fd for fd, _ in poller.poll(5000)}
         if wake_r in ready:
             os.read(wake_r, 4096)
         reap()
