@@ -280,6 +280,27 @@ async def test_a_template_that_stops_answering_is_replaced_and_the_lease_still_s
             await rt.shutdown()
 
 
+async def test_a_replaced_template_keeps_its_socket_until_the_order_in_flight_is_answered(
+    runtime: Runtime,
+) -> None:
+    """Closing it under an order being sent would fail that lease for nothing."""
+    template = _template(runtime)
+    old = template._current
+    assert old is not None
+    async with old.lock:  # as while an order is in flight
+        template._retire(old)
+        await asyncio.sleep(0.05)
+        assert old.sock.fileno() != -1  # still open
+    await asyncio.sleep(0.05)
+    assert old.sock.fileno() == -1  # closed once the order is done: the template leaves
+    sh = Shell(runtime, await runtime.create("tests"))  # the next lease boots a new one
+    try:
+        assert (await sh.py("print('served')")).stdout == "served\n"
+        assert template.pid not in (None, old.proc.pid)
+    finally:
+        await runtime.destroy(sh.session.id, "tests")
+
+
 async def test_a_template_started_by_a_server_past_1024_descriptors_still_serves() -> None:
     """A busy server holds thousands of descriptors; its template's socket keeps the number."""
     pair = socket.socketpair

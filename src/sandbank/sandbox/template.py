@@ -137,20 +137,22 @@ class Template:
 
     async def fork(self, order: dict[str, Any], fds: list[int]) -> tuple[int, int]:
         """Fork a sandbox from the template; (pid, pidfd) of its init. Retries a dead one."""
-        for attempt in range(2):
+        for attempt in range(3):
             proc = await self._usable()
             try:
                 msg = {**order, "runtime": str(proc.runtime), "inside": str(proc.inside)}
                 async with proc.lock:
+                    if proc.retired:  # replaced while this order waited: the new one takes it
+                        continue
                     result = await _uncancellable(asyncio.to_thread(proc.order, msg, fds))
                 proc.forks += 1
                 return result
             except TemplateGone:
                 log.warning("the fork template stopped answering; starting a new one")
                 self._retire(proc)
-                if attempt:
+                if attempt == 2:
                     raise
-        raise AssertionError("unreachable")
+        raise SandboxUnavailable("the fork templates were replaced under this order; retry")
 
     # --- replacing -------------------------------------------------------------------------
     async def _usable(self) -> _Process:
@@ -201,11 +203,22 @@ class Template:
             self._retire(old)
 
     def _retire(self, p: _Process) -> None:
-        """Close its socket: it leaves once the sandboxes forked from it have ended."""
+        """Close its socket: it leaves once the sandboxes forked from it have ended.
+
+        The socket is closed under the process's lock, after any order in flight on it has its
+        answer: closing it under a thread that is sending would fail that lease for nothing.
+        """
         if not p.retired:
             p.retired = True
-            with contextlib.suppress(OSError):
-                p.sock.close()
+
+            async def close_when_idle() -> None:
+                async with p.lock:
+                    with contextlib.suppress(OSError):
+                        p.sock.close()
+
+            task = asyncio.ensure_future(close_when_idle())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         if not p.dead:
             self._retiring.add(p)
 
