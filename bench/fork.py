@@ -1,7 +1,6 @@
 """Benchmark the fork backend side by side with bwrap, in-process (no HTTP). Run as root.
 
     .venv/bin/python bench/fork.py [--backends bwrap,fork] [--sessions 50] [--burst 40]
-    .venv/bin/python bench/fork.py --fill [--floor-mib 2048] [--backends fork]
 
 Per backend, with the server's default settings (pool size and session count derived from this
 machine): idle memory of a session that has imported pandas (the drop of MemAvailable per
@@ -12,8 +11,7 @@ creates each followed by a first numpy call (p50, p99), with the default pool an
 a fresh lease, from either. With fork, the template's own memory is printed apart.
 MemAvailable is machine-wide: on a shared machine other work moves it too.
 
-`--fill` leases idle pandas sessions (no session limit) until the machine's MemAvailable falls
-below the floor or a lease fails, and prints how many it held against the derived default.
+How many sessions a machine holds: `bench/capacity.py --fill` against a server.
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from capacity import mem_available, pct  # bench/, beside this script
 from sandbank.config import Settings
 from sandbank.sandbox.base import PythonCall
 from sandbank.sandbox.bwrap import BwrapSandbox
@@ -36,25 +35,12 @@ PANDAS = 'import pandas as pd; pd.DataFrame({"a": [1]}).sum()'
 NUMPY = "import numpy as np; np.arange(10).sum()"
 
 
-def pct(samples: list[float], q: float) -> float:
-    s = sorted(samples)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
-
-
 def line(backend: str, name: str, samples: list[float], unit: str = "ms") -> None:
     print(
         f"{backend:<6} {name:<34} p50 {pct(samples, 0.5):9.1f} {unit}  "
         f"p99 {pct(samples, 0.99):9.1f} {unit}  n={len(samples)}",
         flush=True,
     )
-
-
-def mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        for row in f:
-            if row.startswith("MemAvailable:"):
-                return int(row.split()[1]) * 1024
-    raise RuntimeError("no MemAvailable")
 
 
 def cgroup_charge(session: ExecSession) -> int:
@@ -108,9 +94,6 @@ class Bench:
 
     async def run(self) -> None:
         try:
-            if self.args.fill:
-                await self.fill()
-                return
             await self.idle_memory()
             await self.pooled_memory()
             await self.burst()  # the default pool
@@ -118,40 +101,6 @@ class Bench:
             await self.singles()
         finally:
             shutil.rmtree(self.data, ignore_errors=True)
-
-    async def fill(self) -> None:
-        """Idle pandas sessions until the machine's memory runs low or a lease fails."""
-        floor = self.args.floor_mib * 2**20
-        default = self.runtime().settings.max_sessions
-        limit = self.args.limit
-        rt = self.runtime(pool=0, max_sessions=limit)
-        await rt.start()
-        held, t0, why = [], time.monotonic(), f"the bench's limit of {limit}"
-        try:
-            await asyncio.sleep(1.0)
-            before = mem_available()
-            while len(held) < limit:
-                if mem_available() < floor:
-                    why = f"MemAvailable below {self.args.floor_mib} MiB"
-                    break
-                try:
-                    s = await rt.create(TENANT)
-                    held.append(s)
-                    await call(rt, s.id, PANDAS)
-                except Exception as e:  # what stopped the fill is the result
-                    why = f"a lease failed: {e!r}"[:200]
-                    break
-                if len(held) % 100 == 0:
-                    print(f"{self.backend:<6} ... {len(held)} sessions", flush=True)
-            drop = (before - mem_available()) / max(1, len(held)) / 2**20
-            print(
-                f"{self.backend:<6} fill: {len(held)} idle pandas sessions held "
-                f"({drop:.1f} MiB of MemAvailable each) in {time.monotonic() - t0:.0f} s, "
-                f"stopped by {why}; the derived default max_sessions here is {default}",
-                flush=True,
-            )
-        finally:
-            await rt.shutdown()
 
     async def idle_memory(self) -> None:
         rt = self.runtime(pool=0, max_sessions=self.args.sessions + 8)
@@ -289,7 +238,4 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--burst", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--fill", action="store_true", help="count the sessions memory holds")
-    parser.add_argument("--floor-mib", type=int, default=2048)
-    parser.add_argument("--limit", type=int, default=4000, help="most sessions --fill leases")
     asyncio.run(main(parser.parse_args()))

@@ -17,13 +17,11 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import (
-    AtCapacity,
     BadRequest,
     MethodNotAllowed,
     Misdirected,
     NotFound,
     SandbankError,
-    SandboxUnavailable,
 )
 from .sandbox.workspace import media_type
 
@@ -59,7 +57,7 @@ def error_response(
 
 async def on_sandbank_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, SandbankError)
-    retry = exc.retry_after if isinstance(exc, (AtCapacity, SandboxUnavailable)) else None
+    retry = getattr(exc, "retry_after", None)  # AtCapacity, SandboxUnavailable
     headers = {"Retry-After": str(retry)} if retry is not None else None
     if exc.status >= 500:
         log.error("%s on %s %s: %s", exc.code, request.method, request.url.path, exc.message)
