@@ -67,6 +67,16 @@ def test_placement_takes_the_least_loaded_of_its_sample_and_counts_its_own_place
     assert choose(ms, 2, rng, {"n0"}).name == "n1"  # type: ignore[union-attr]
 
 
+def test_sessions_ended_through_the_front_free_room_before_the_next_report() -> None:
+    (full,) = members(report(4, idle=0))  # its last report: four busy sessions, no room
+    assert not full.accepting()
+    full.released()  # one of them ended through this front since
+    assert full.accepting() and full.used() == 3
+    for _ in range(10):  # never below none at all, however many ends it hears of
+        full.released()
+    assert full.used() == 0
+
+
 def test_static_node_list() -> None:
     assert parse_static("a=http://x:1/, b=https://y") == [("a", "http://x:1"), ("b", "https://y")]
     with pytest.raises(SandbankError):

@@ -211,7 +211,9 @@ class FrontApi:
     async def destroy_session(self, request: Request) -> Response:
         try:
             _, member, local = self._route(request)
-            await self.fleet.send(member, "DELETE", f"/sessions/{local}", {})
+            r = await self.fleet.send(member, "DELETE", f"/sessions/{local}", {})
+            if r.status == 204:
+                member.released()
         except (SessionNotFound, NodeGone):
             pass  # already gone: the desired state
         return Response(status_code=204)

@@ -56,7 +56,7 @@ class Member:
     url: str
     up: bool = False
     report: Report | None = None
-    placed: int = 0  # sessions this front placed here since the last report
+    placed: int = 0  # sessions this front placed here since the last report, less those it ended
     # Calls in flight to it, cancelled (and answered "gone") the moment it is declared out.
     calls: set[asyncio.Task[Any]] = field(default_factory=set)
     lost_calls: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -66,6 +66,14 @@ class Member:
 
     def used(self) -> int:
         return (self.report.sessions if self.report else 0) + self.placed
+
+    def released(self) -> None:
+        """A session here was ended through this front: out of the count until the next report.
+
+        Without it, sessions ended just after a report still fill the node in this front's
+        view, and a client creating again at once is told every node is full.
+        """
+        self.placed = max(-(self.report.sessions if self.report else 0), self.placed - 1)
 
     def accepting(self) -> bool:
         r = self.report
