@@ -24,8 +24,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from sandbank.config import Settings
-from sandbank.sandbox.base import BashCall
-from sandbank.sandbox.sessions import Runtime
+from sandbank.protocol.calls import BashCall
+from sandbank.sandbox.local import LocalSandboxes
 
 TENANT = "bench"
 SOCKET = "/opt/sandbank/egress/egress.sock"
@@ -86,7 +86,7 @@ async def main(rounds: int, mib: int, port: int) -> None:
         egress_bytes_per_session=1 << 50,
         uid_lock_dir=Path(tempfile.gettempdir()) / "sandbank-bench-uids",
     )
-    rt = Runtime(settings)
+    rt = LocalSandboxes(settings)
     await rt.start()
     small = f"http://world.bench:{port}/small"
     big = f"http://world.bench:{port}/big"
@@ -142,7 +142,7 @@ async def main(rounds: int, mib: int, port: int) -> None:
         report("sandbox, proxy alone: throughput", rate["proxy"], "MiB/s")
         print(f"{'relay + proxy / direct':<44} {pd / hd:10.2f}x")
     finally:
-        await rt.shutdown()
+        await rt.close()
         shutil.rmtree(data, ignore_errors=True)
 
 

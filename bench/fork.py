@@ -26,9 +26,10 @@ from pathlib import Path
 
 from capacity import mem_available, pct  # bench/, beside this script
 from sandbank.config import Settings
-from sandbank.sandbox.base import PythonCall
-from sandbank.sandbox.bwrap import BwrapSandbox
-from sandbank.sandbox.sessions import ExecSession, Runtime
+from sandbank.protocol.calls import PythonCall
+from sandbank.sandbox.backends.bwrap import BwrapSandbox
+from sandbank.sandbox.local import LocalSandboxes
+from sandbank.sandbox.sessions import ExecSession
 
 TENANT = "bench"
 PANDAS = 'import pandas as pd; pd.DataFrame({"a": [1]}).sum()'
@@ -64,7 +65,7 @@ def cgroup_pss(session: ExecSession) -> int:
     return total
 
 
-async def call(rt: Runtime, sid: str, code: str) -> float:
+async def call(rt: LocalSandboxes, sid: str, code: str) -> float:
     t0 = time.perf_counter()
     r = await rt.execute(sid, TENANT, PythonCall(code), 120)
     assert r.return_code == 0, r.stderr
@@ -79,10 +80,10 @@ class Bench:
         self.data.chmod(0o711)
         self.runs = 0
 
-    def runtime(self, pool: int = -1, max_sessions: int = 0) -> Runtime:
+    def runtime(self, pool: int = -1, max_sessions: int = 0) -> LocalSandboxes:
         """A runtime with the server's defaults (-1 and 0 derive pool and session count)."""
         self.runs += 1
-        return Runtime(
+        return LocalSandboxes(
             Settings(
                 data_dir=self.data / f"r{self.runs}",
                 isolation=self.backend,  # type: ignore[arg-type]
@@ -132,7 +133,7 @@ class Bench:
                     flush=True,
                 )
         finally:
-            await rt.shutdown()
+            await rt.close()
 
     async def pooled_memory(self) -> None:
         """The same, for sessions leased from the warm pool (which walked pandas' first uses)."""
@@ -153,7 +154,7 @@ class Bench:
                 flush=True,
             )
         finally:
-            await rt.shutdown()
+            await rt.close()
 
     async def burst(self, pool: int = -1) -> None:
         before = mem_available()
@@ -186,7 +187,7 @@ class Bench:
                 await rt.destroy(sid, TENANT)
             await rt.drain()
         finally:
-            await rt.shutdown()
+            await rt.close()
 
     async def singles(self) -> None:
         rt = self.runtime(pool=0)
@@ -206,7 +207,7 @@ class Bench:
             line(self.backend, "first pandas call after lease", pandas)
             line(self.backend, "warm call print(1)", warms)
         finally:
-            await rt.shutdown()
+            await rt.close()
         rt = self.runtime(pool=2)  # leases from a warm pool, which pre-imports pandas
         await rt.start()
         try:
@@ -222,7 +223,7 @@ class Bench:
             line(self.backend, "lease, warm pool", leases)
             line(self.backend, "first pandas call, pooled lease", pandas)
         finally:
-            await rt.shutdown()
+            await rt.close()
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from sandbank.config import Settings
-from sandbank.sandbox.base import PythonCall
-from sandbank.sandbox.bwrap import BwrapSandbox
-from sandbank.sandbox.sessions import Runtime
+from sandbank.protocol.calls import PythonCall
+from sandbank.sandbox.backends.bwrap import BwrapSandbox
+from sandbank.sandbox.local import LocalSandboxes
 
 TENANT = "bench"
 PANDAS = 'import pandas as pd; pd.DataFrame({"a": [1]}).sum()'
@@ -48,14 +48,14 @@ def pss_mib(sandbox: BwrapSandbox) -> float:
     return total / 1024
 
 
-async def call(rt: Runtime, sid: str, code: str) -> float:
+async def call(rt: LocalSandboxes, sid: str, code: str) -> float:
     t0 = time.perf_counter()
     r = await rt.execute(sid, TENANT, PythonCall(code), 60)
     assert r.return_code == 0, r.stderr
     return (time.perf_counter() - t0) * 1000
 
 
-async def first_event(rt: Runtime, sid: str) -> float:
+async def first_event(rt: LocalSandboxes, sid: str) -> float:
     """Time from a streamed call's start to its first output, the call going on after it."""
     t0 = time.perf_counter()
     first: list[float] = []
@@ -73,7 +73,7 @@ async def main(args: argparse.Namespace) -> None:
     data = Path(tempfile.mkdtemp(prefix="sandbank-bench-"))
     data.chmod(0o711)  # noqa: ASYNC240 - set-up, before anything is measured
     settings = Settings(data_dir=data, pool_size=args.pool, max_sessions=64)
-    rt = Runtime(settings)
+    rt = LocalSandboxes(settings)
     await rt.start()
     try:
         leases, firsts, warms, pandas, pss, ttfb = [], [], [], [], [], []
@@ -125,7 +125,7 @@ async def main(args: argparse.Namespace) -> None:
             f"{'create+exec+destroy, 2 clients':<40} {done / (time.monotonic() - t0):9.2f} cycles/s"
         )
     finally:
-        await rt.shutdown()
+        await rt.close()
 
     if args.soak:
         await soak(args.soak, data)
@@ -134,7 +134,7 @@ async def main(args: argparse.Namespace) -> None:
 
 async def soak(cycles: int, data: Path) -> None:
     settings = Settings(data_dir=data, pool_size=0, max_sessions=64)
-    rt = Runtime(settings)
+    rt = LocalSandboxes(settings)
     await rt.start()
     uids: set[int] = set()
     t0 = time.monotonic()
@@ -149,7 +149,7 @@ async def soak(cycles: int, data: Path) -> None:
         left = {k: v for k, v in rt.backend.leftovers().items() if v}
         procs = [p for p in os.listdir("/proc") if p.isdigit() and _uid_of(p) in uids]
     finally:
-        await rt.shutdown()
+        await rt.close()
     elapsed = time.monotonic() - t0
     print(
         f"soak: {cycles} cycles in {elapsed:.1f} s ({cycles / elapsed:.1f}/s), "

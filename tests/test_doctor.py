@@ -141,7 +141,7 @@ def test_the_command_exits_1_on_a_failure() -> None:
 def test_cgroups_without_favordynmods_warn_only_when_the_server_will_not_set_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from sandbank.sandbox import cgroups
+    from sandbank.sandbox.host import cgroups
 
     monkeypatch.setattr(cgroups, "cgroup2_mount", lambda info, root: ("/sys/fs/cgroup/u", "rw"))
     with data_dir() as data:

@@ -12,8 +12,8 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from sandbank.errors import AtCapacity
-from sandbank.http import EXCEPTION_HANDLERS
-from sandbank.sandbox.template import TemplateGone
+from sandbank.http.errors import EXCEPTION_HANDLERS
+from sandbank.sandbox.backends.fork_template import TemplateGone
 
 
 async def boom(request: Request) -> Response:

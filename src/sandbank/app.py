@@ -1,4 +1,9 @@
-"""create_app(settings): builds the services, mounts both APIs and the web UI, runs the lifespan."""
+"""The composition root: `create_app(settings)` builds every part it is not handed, in one phase.
+
+Tests hand in fakes (`sandboxes` over the fake backend, `store`, `objects`, `model`) and drive
+the whole app with Starlette's TestClient; `sandbank serve` hands in nothing. What a part needs
+of the event loop (tasks, connections) waits for the lifespan's `start`.
+"""
 
 from __future__ import annotations
 
@@ -16,30 +21,31 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from .access import AccessMiddleware
-from .admin import sessions_endpoint
 from .agent.anyllm import model_from_settings
 from .agent.model import Model
 from .config import Settings
 from .errors import ConfigError, ModelEndpointRefused, ModelNotConfigured, SandbankError
 from .execapi import openapi
-from .execapi.auth import TokenAuth, load_tokens
+from .execapi.admin import sessions_endpoint
 from .execapi.routes import ExecApi
 from .files import ObjectStore, open_object_store
 from .fleet.front import Fleet, FrontApi
 from .fleet.node import FleetGate, NodeControl, node_settings
 from .fleet.sandboxes import FleetSandboxes
-from .http import EXCEPTION_HANDLERS, HostAllowList
+from .http.access import AccessMiddleware
+from .http.auth import TokenAuth, load_tokens
+from .http.errors import EXCEPTION_HANDLERS
+from .http.hosts import HostAllowList
 from .interpreter.files import SessionFiles
 from .interpreter.identity import Identity
 from .interpreter.routes import InterpreterApi
 from .interpreter.runs import Runs
 from .interpreter.service import InterpreterService
-from .leasing import Sandboxes, open_sandboxes
-from .metrics import MeteredModel, MeteredRuntime, Metrics, endpoint
-from .sandbox.sessions import Runtime
+from .metrics import MeteredModel, Metrics, SandboxHooks, endpoint
+from .sandbox.local import LocalSandboxes
+from .sandbox.port import Sandboxes
 from .startup import without_credentials
-from .store import Store, database_url, open_store
+from .store import Store, database_url
 from .store.lockfile import ServeLock
 from .web import site
 
@@ -81,91 +87,67 @@ def build_model(settings: Settings) -> Model | SandbankError:
         return type(e)(UNAVAILABLE)
 
 
-class Services:
-    """Everything the server is made of, built once per app (never at import time)."""
+def open_store(settings: Settings) -> Store:
+    """The store the settings name, connected and migrated (`memory://` is the fake)."""
+    url = database_url(settings)
+    if url == "memory://":
+        from .store.memory import MemoryStore
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.metrics = Metrics()
-        # The fleet roles (src/sandbank/fleet): a node serves its runtime to the fronts alone;
-        # a front has no runtime and proxies to the nodes.
-        self.node: NodeControl | None = None
-        self.fleet: Fleet | None = None
-        self.runtime: Runtime | None = None
-        self.exec_api: ExecApi | FrontApi
-        if settings.role == "front":
-            tokens = load_tokens(settings)
-            check_exposure(settings, tokens)
-            self.auth = TokenAuth(tokens)
-            self.fleet = Fleet(settings)
-            self.metrics.watch_fleet(self.fleet.membership)
-            self.exec_api = FrontApi(self.fleet, self.auth.tenant)
-        else:
-            self.runtime = MeteredRuntime(settings, self.metrics)
-            tokens = [] if settings.role == "node" else load_tokens(settings)
-            if settings.role == "node":
-                self.node = NodeControl(settings, self.runtime)
-            else:
-                check_exposure(settings, tokens)
-            self.auth = TokenAuth(tokens)
-            self.exec_api = ExecApi(self.runtime, self.auth)
-        self.interpreter_api = InterpreterApi(settings.message_max_chars)
-        # Opened in `start` (they need the event loop):
-        self.store: Store | None = None
-        self.objects: ObjectStore | None = None
-        self.sandboxes: Sandboxes | None = None
-        self.model: Model | SandbankError | None = None
-        self.interpreter: InterpreterService | None = None
-        self.identity: Identity | None = None
-        self._expiry: asyncio.Task[None] | None = None
-        self._runs: asyncio.Task[None] | None = None
-        self._shutdown: asyncio.Task[None] | None = None
+        return MemoryStore()
+    from .store.sql import SqlStore
+
+    return SqlStore.open(url)
+
+
+class Interpreter:
+    """The interpreter API's parts: store, files, model, runs, the service and who calls."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        sandboxes: Sandboxes,
+        metrics: Metrics,
+        store: Store | None,
+        objects: ObjectStore | None,
+        model: Model | None,
+        *,
+        owns_sandboxes: bool,
+    ) -> None:
+        self.settings = s = settings
+        self.sandboxes = sandboxes
+        self.owns_sandboxes = owns_sandboxes  # a remote backend of its own, not the server's
+        self.store = store or open_store(s)
+        self.objects = objects or open_object_store(s)
+        built = model if model is not None else build_model(s)
+        endpoint = f"{s.llm_model} at {without_credentials(s.llm_base_url) or 'its provider'}"
+        self.model: Model | SandbankError = (
+            built if isinstance(built, SandbankError) else MeteredModel(built, metrics, endpoint)
+        )
+        files = SessionFiles(self.store, self.objects, s, on_file=metrics.file_moved)
+        self.runs = Runs(self.store, files, sandboxes, self.model, s, on_ended=metrics.run_ended)
+        self.service = InterpreterService(self.store, files, self.runs, s)
+        self.identity = Identity(self.store, s)
+        self.api = InterpreterApi(self.service, self.identity, s.message_max_chars)
+        self._tasks: list[asyncio.Task[None]] = []
         self._serve_lock: ServeLock | None = None
 
     async def start(self) -> None:
-        if self.runtime is not None:
-            await self.runtime.start()
-        if self.fleet is not None:
-            await self.fleet.start()
-        if self.settings.interpreter_api == "on":
-            await self._start_interpreter()
-
-    async def _start_interpreter(self) -> None:
-        s = self.settings
         alone = self._lock_sqlite()
-        self.store = store = await open_store(s)
-        failed = await store.fail_orphan_pending(RESTARTED)
+        failed = await self.store.fail_orphan_pending(RESTARTED)
         if failed:
             log.warning("%d run(s) ended by the restart were marked ERROR", len(failed))
         if alone:
             # No other process serves this database: runs it held died with it, and are
             # continued now rather than once their leases expire.
-            taken = await store.expire_leases()
+            taken = await self.store.expire_leases()
             if taken:
                 log.warning("%d run(s) of a server that stopped will be continued", taken)
-        self.objects = objects = await open_object_store(s)
-        sandboxes: Sandboxes
-        if self.fleet is not None:
-            sandboxes = FleetSandboxes(s, self.fleet)
-        else:
-            assert self.runtime is not None
-            sandboxes = open_sandboxes(s, self.runtime)
-        self.sandboxes = sandboxes
-        await sandboxes.start()
-        model = build_model(s)
-        endpoint = f"{s.llm_model} at {without_credentials(s.llm_base_url) or 'its provider'}"
-        self.model = (
-            model
-            if isinstance(model, SandbankError)
-            else MeteredModel(model, self.metrics, endpoint)
-        )
-        files = SessionFiles(store, objects, s, on_file=self.metrics.file_moved)
-        runs = Runs(store, files, sandboxes, self.model, s, on_ended=self.metrics.run_ended)
-        self.interpreter = InterpreterService(store, files, runs, s)
-        self.identity = Identity(store, s)
-        self.interpreter_api.bind(self.interpreter, self.identity)
-        self._expiry = asyncio.create_task(self.interpreter.expire_forever())
-        self._runs = asyncio.create_task(runs.serve_forever(), name="runs")
+        if self.owns_sandboxes:
+            await self.sandboxes.start()
+        self._tasks = [
+            asyncio.create_task(self.service.expire_forever(), name="expiry"),
+            asyncio.create_task(self.runs.serve_forever(), name="runs"),
+        ]
 
     def _lock_sqlite(self) -> bool:
         """SQLite is for one serving process: True when this one is alone on its database."""
@@ -187,6 +169,91 @@ class Services:
         self._serve_lock = lock
         return True
 
+    async def shutdown(self) -> None:
+        """No more runs are claimed; running ones finish within the grace period or are
+        handed back to the fleet."""
+        await self.service.shutdown()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.owns_sandboxes:
+            await self.sandboxes.close()
+        if isinstance(self.model, MeteredModel):
+            await self.model.aclose()
+        await self.objects.close()
+        await self.identity.key_use.settle()
+        await self.store.close()
+        if self._serve_lock is not None:
+            self._serve_lock.release()
+
+
+class Services:
+    """Everything the server is made of, built once per app in one phase (never at import)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        sandboxes: Sandboxes | None = None,
+        store: Store | None = None,
+        objects: ObjectStore | None = None,
+        model: Model | None = None,
+    ) -> None:
+        self.settings = s = settings
+        self.metrics = Metrics()
+        # This machine's sandboxes (a single server, or a fleet node); a front has none: it
+        # places sessions on the nodes (src/sandbank/fleet).
+        self.local: LocalSandboxes | None = None
+        self.fleet: Fleet | None = None
+        self.node: NodeControl | None = None
+        self.exec_api: ExecApi | FrontApi
+        tokens = [] if s.role == "node" else load_tokens(s)
+        if s.role != "node":
+            check_exposure(s, tokens)
+        self.auth = TokenAuth(tokens)
+        if s.role == "front":
+            self.fleet = Fleet(s)
+            self.metrics.watch_fleet(self.fleet.membership)
+            self.exec_api = FrontApi(self.fleet, self.auth.tenant)
+            door_sandboxes: Sandboxes = FleetSandboxes(self.fleet)
+        else:
+            if sandboxes is None:
+                sandboxes = self.local = LocalSandboxes(s, hooks=SandboxHooks(self.metrics))
+            elif isinstance(sandboxes, LocalSandboxes):
+                self.local = sandboxes
+            if self.local is not None:
+                self.metrics.watch_sandboxes(self.local)
+            if s.role == "node":
+                assert self.local is not None, "a fleet node serves its own sandboxes"
+                self.node = NodeControl(s, self.local)
+            door_sandboxes = sandboxes
+            self.exec_api = ExecApi(sandboxes, self.auth, s)
+        self.sandboxes = door_sandboxes
+        self.interpreter: Interpreter | None = None
+        if s.interpreter_api == "on":
+            if s.sandbox_url:
+                from .sandbox.remote import RemoteSandboxes
+
+                interpreter_sandboxes: Sandboxes = RemoteSandboxes(s)
+            else:
+                interpreter_sandboxes = door_sandboxes  # the server's own: started above
+            self.interpreter = Interpreter(
+                s, interpreter_sandboxes, self.metrics, store, objects, model,
+                owns_sandboxes=interpreter_sandboxes is not door_sandboxes,
+            )  # fmt: skip
+        self._shutdown: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self.fleet is not None:
+            await self.fleet.start()
+        else:
+            await self.sandboxes.start()
+        if self.interpreter is not None:
+            await self.interpreter.start()
+
     def begin_shutdown(self) -> asyncio.Task[None]:
         """No more runs are claimed; running ones finish within the grace period or are handed
         back to the fleet; then every sandbox goes (once)."""
@@ -206,28 +273,13 @@ class Services:
     async def _shut_down(self) -> None:
         if self.interpreter is not None:
             await self.interpreter.shutdown()
-        if self.runtime is not None:
-            await self.runtime.shutdown()
+        if self.fleet is None:
+            await self.sandboxes.close()
 
     async def stop(self) -> None:
         await self.begin_shutdown()
-        for task in (self._expiry, self._runs):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        if self.sandboxes is not None:
-            await self.sandboxes.close()
-        if isinstance(self.model, MeteredModel):
-            await self.model.aclose()
-        if self.objects is not None:
-            await self.objects.close()
-        if self.identity is not None:
-            await self.identity.key_use.settle()
-        if self.store is not None:
-            await self.store.close()
-        if self._serve_lock is not None:
-            self._serve_lock.release()
+        if self.interpreter is not None:
+            await self.interpreter.stop()
         if self.fleet is not None:
             await self.fleet.close()
 
@@ -248,25 +300,32 @@ def _cors(settings: Settings) -> list[Middleware]:
     ]
 
 
-def create_app(settings: Settings) -> Starlette:
+def create_app(
+    settings: Settings,
+    *,
+    sandboxes: Sandboxes | None = None,
+    store: Store | None = None,
+    objects: ObjectStore | None = None,
+    model: Model | None = None,
+) -> Starlette:
+    """The whole server over the parts handed in, or the ones the settings name."""
     if settings.role == "node":
         settings = node_settings(settings)
-    services = Services(settings)
+    services = Services(settings, sandboxes=sandboxes, store=store, objects=objects, model=model)
     routes: list[BaseRoute] = []
-    if settings.interpreter_api == "on":
-        routes.append(
-            Mount("/api", routes=services.interpreter_api.routes(), middleware=_cors(settings))
-        )
+    if services.interpreter is not None:
+        api_routes = services.interpreter.api.routes()
+        routes.append(Mount("/api", routes=api_routes, middleware=_cors(settings)))
     if settings.exec_api == "on":
         routes += services.exec_api.routes()
         routes.append(Route("/openapi.json", _openapi, methods=["GET"]))
     else:
         routes.append(Route("/health", services.exec_api.health, methods=["GET"]))
-    if settings.web_ui == "on" and settings.interpreter_api == "on":
+    if settings.web_ui == "on" and services.interpreter is not None:
         routes += site(settings)
     routes.append(Route("/metrics", endpoint(services.metrics, services.auth), methods=["GET"]))
-    if services.runtime is not None:
-        admin = sessions_endpoint(services.runtime, settings)
+    if services.local is not None:
+        admin = sessions_endpoint(services.local, settings)
         routes.append(Route("/admin/sessions", admin, methods=["GET"]))
     middleware = [
         Middleware(AccessMiddleware, metrics=services.metrics),

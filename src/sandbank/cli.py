@@ -157,7 +157,7 @@ def users_delete(args: argparse.Namespace) -> int:
         from .files import open_object_store, session_prefix
 
         session_ids = await store.delete_user(args.name)
-        objects = await open_object_store(settings)
+        objects = open_object_store(settings)
         try:
             for session_id in session_ids:
                 await objects.delete_prefix(session_prefix(session_id))
@@ -207,7 +207,7 @@ def title_of(question: str) -> str:
 
 
 def exec_sessions_list(args: argparse.Namespace) -> int:
-    from .remote import exec_sessions
+    from .terminal import exec_sessions
 
     settings = _settings(args, uses_data_dir=False)
     rows = [
@@ -255,7 +255,7 @@ def sessions_list(args: argparse.Namespace) -> int:
 
 
 def exec_(args: argparse.Namespace) -> int:
-    from .remote import run_in_sandbox
+    from .terminal import run_in_sandbox
 
     settings = _settings(args, uses_data_dir=False)
     if args.code is not None:

@@ -69,7 +69,7 @@ def check_root(settings: Settings) -> str:
 
 
 def check_isolation_tools(settings: Settings) -> str:
-    from .sandbox.bwrap import HOST_PATH
+    from .sandbox.host.layout import HOST_PATH
 
     if settings.isolation == "none":
         raise Skipped("SANDBANK_ISOLATION=none: no isolation is used")
@@ -86,7 +86,7 @@ def check_isolation_tools(settings: Settings) -> str:
 
 
 def check_cgroups(settings: Settings) -> str:
-    from .sandbox.cgroups import FAVOR_DYNMODS, ROOT, V1_CONTROLLERS, cgroup2_mount
+    from .sandbox.host.cgroups import FAVOR_DYNMODS, ROOT, V1_CONTROLLERS, cgroup2_mount
 
     if settings.isolation == "none":
         raise Skipped("SANDBANK_ISOLATION=none: no limits are applied")
@@ -129,8 +129,8 @@ def check_loop_devices(settings: Settings) -> str:
 
 async def check_runtime(settings: Settings) -> str:
     """Start a real sandbox (in a data directory of its own) and import the data stack there."""
-    from .sandbox.base import PythonCall
-    from .sandbox.sessions import Runtime
+    from .protocol.calls import PythonCall
+    from .sandbox.local import LocalSandboxes
 
     python = settings.runtime_dir / "bin" / "python3"
     if not await asyncio.to_thread(python.exists):
@@ -142,7 +142,7 @@ async def check_runtime(settings: Settings) -> str:
     scratch = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="sandbank-doctor-"))
     await asyncio.to_thread(os.chmod, scratch, 0o711)
     own = settings.model_copy(update={"data_dir": scratch, "pool_size": 0})
-    runtime = Runtime(own)
+    runtime = LocalSandboxes(own)
     try:
         await runtime.start()
         session = await runtime.create("doctor")
@@ -152,7 +152,7 @@ async def check_runtime(settings: Settings) -> str:
         raise Failed(f"a sandbox cannot start: {error.message}") from None
     finally:
         with contextlib.suppress(SandbankError, OSError):
-            await runtime.shutdown()
+            await runtime.close()
         await asyncio.to_thread(shutil.rmtree, scratch, ignore_errors=True)
     if result.return_code != 0 or "imported" not in result.stdout:
         last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -163,7 +163,7 @@ async def check_runtime(settings: Settings) -> str:
         )
     imported = f"a sandbox imports the data stack ({result.duration_ms} ms)"
     if settings.isolation == "fork":
-        from .sandbox.forked import INIT_PROGRAM
+        from .sandbox.backends.fork import INIT_PROGRAM
 
         if not await asyncio.to_thread((settings.runtime_dir / INIT_PROGRAM).exists):
             raise Warned(
@@ -236,7 +236,7 @@ async def check_storage(settings: Settings) -> str:
     key = f"doctor/{os.getpid()}-{time.time_ns()}"
     payload = b"sandbank doctor\n"
     try:
-        objects = await open_object_store(settings)
+        objects = open_object_store(settings)
     except SandbankError as error:
         raise Failed(f"{kind}: {error.message}", "fix SANDBANK_STORAGE_URL") from None
     except OSError as error:
@@ -300,7 +300,7 @@ def model_check(ask: bool) -> Check:
 
 def check_listening(settings: Settings) -> str:
     from .app import check_exposure
-    from .execapi.auth import load_tokens
+    from .http.auth import load_tokens
 
     try:
         tokens = load_tokens(settings)

@@ -1,9 +1,8 @@
 """Prometheus metrics: one registry per app, moved at a few choke points, served at /metrics.
 
-The choke points are thin wrappers, so the parts they measure know nothing of metrics: the
-HTTP middleware (requests by route and status), `MeteredRuntime` (sessions, leases, capacity
-refusals, exec latency, return codes, sandbox restarts by the sandbox's hook) and `MeteredModel`
-(model calls, tokens, latency).
+The parts they measure know nothing of metrics: the HTTP middleware counts requests by route
+and status, `SandboxHooks` is told of the local sandboxes' leases, capacity refusals, calls and
+restarts (their `Hooks`), and `MeteredModel` wraps the model (calls, tokens, latency).
 Labels are fixed vocabularies (route templates, tool names, outcomes), never ids or secrets.
 """
 
@@ -29,24 +28,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .agent.model import ChatMessage, Model, ModelReply, TextSink, ToolSpec
-from .egress.policy import NetworkPolicy
-from .errors import AgentError, AtCapacity
-from .sandbox.base import (
+from .errors import AgentError
+from .protocol.calls import (
     RC_KILLED,
     RC_TIMEOUT,
     BashCall,
     EditorCall,
     ExecResult,
-    OnEvent,
     RestartReason,
     ToolCall,
 )
-from .sandbox.sessions import ExecSession, Runtime
 
 if TYPE_CHECKING:
-    from .config import Settings
-    from .execapi.auth import TokenAuth
     from .fleet.membership import Membership
+    from .http.auth import TokenAuth
+    from .sandbox.local import LocalSandboxes
 
 log = logging.getLogger("sandbank.model")
 # What the worker appends to a stream it cut (sandbox/inside/worker.py).
@@ -191,16 +187,16 @@ class Metrics:
         self.files.labels(op).inc()
         self.file_bytes.labels(op).inc(size)
 
-    def watch_runtime(self, runtime: Runtime) -> None:
-        """Gauges read the runtime when scraped: no bookkeeping can drift."""
-        self.registry.register(SessionStates(runtime))
-        self.registry.register(SandboxMemory(runtime))
-        self.pool_ready.set_function(lambda: runtime.pool.ready)
+    def watch_sandboxes(self, local: LocalSandboxes) -> None:
+        """Gauges read the local sandboxes when scraped: no bookkeeping can drift."""
+        self.registry.register(SessionStates(local))
+        self.registry.register(SandboxMemory(local))
+        self.pool_ready.set_function(lambda: local.pool.ready)
         Gauge(
             "sandbank_sessions_max",
             "Sessions this server leases at most (SANDBANK_MAX_SESSIONS).",
             registry=self.registry,
-        ).set(runtime.settings.max_sessions)
+        ).set(local.settings.max_sessions)
 
     def watch_fleet(self, membership: Membership) -> None:
         """A front's view of its nodes' capacity, read from their latest reports when scraped."""
@@ -213,14 +209,14 @@ class Metrics:
 class SessionStates(Collector):
     """`sandbank_sessions{state}`: leased sessions running a call (busy) or not (idle)."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    def __init__(self, local: LocalSandboxes) -> None:
+        self.local = local
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(
             "sandbank_sessions", "Sandbox sessions leased now, by state.", labels=["state"]
         )
-        sessions = self.runtime.sessions()
+        sessions = self.local.sessions()
         busy = sum(1 for s in sessions if s.inflight)
         family.add_metric(["busy"], busy)
         family.add_metric(["idle"], len(sessions) - busy)
@@ -230,8 +226,8 @@ class SessionStates(Collector):
 class SandboxMemory(Collector):
     """`sandbank_sandbox_memory_bytes{part}`: the sandboxes' charge, the fork template's PSS."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    def __init__(self, local: LocalSandboxes) -> None:
+        self.local = local
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(
@@ -240,7 +236,7 @@ class SandboxMemory(Collector):
             "charged together, `template` the fork templates' own (PSS), apart from them.",
             labels=["part"],
         )
-        for part, size in sorted(self.runtime.backend.memory().items()):
+        for part, size in sorted(self.local.backend.memory().items()):
             family.add_metric([part], size)
         yield family
 
@@ -284,53 +280,30 @@ class FleetCapacity(Collector):
         yield room
 
 
-class MeteredRuntime(Runtime):
-    """The runtime, counting at its public methods."""
+class SandboxHooks:
+    """The local sandboxes' `Hooks`: leases, refusals, calls and restarts, counted."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, **kwargs: Any) -> None:
-        super().__init__(settings, **kwargs)
+    def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        metrics.watch_runtime(self)
 
-    async def create(
-        self,
-        tenant: str,
-        idle_timeout: int | None = None,
-        max_lifetime: int | None = None,
-        network: NetworkPolicy | None = None,
-    ) -> ExecSession:
-        try:
-            session = await super().create(tenant, idle_timeout, max_lifetime, network)
-        except AtCapacity:
-            self.metrics.capacity_refusals.inc()
-            raise
+    def created(self) -> None:
         self.metrics.sessions_created.inc()
-        return session
 
-    async def execute(
-        self,
-        session_id: str,
-        tenant: str,
-        call: ToolCall,
-        timeout: float,
-        on_event: OnEvent | None = None,
-    ) -> ExecResult:
-        started = time.monotonic()
-        result = await super().execute(session_id, tenant, call, timeout, on_event)
+    def refused(self) -> None:
+        self.metrics.capacity_refusals.inc()
+
+    def executed(self, call: ToolCall, result: ExecResult, seconds: float) -> None:
         tool = tool_name(call)
-        self.metrics.exec_seconds.labels(tool).observe(time.monotonic() - started)
+        self.metrics.exec_seconds.labels(tool).observe(seconds)
         self.metrics.exec_results.labels(tool, outcome_of(result)).inc()
         for stream, text in (("stdout", result.stdout), ("stderr", result.stderr)):
             if TRUNCATED.search(text[-200:]):
                 self.metrics.truncations.labels(stream).inc()
-        return result
 
-    async def destroy(self, session_id: str, tenant: str) -> None:
-        await super().destroy(session_id, tenant)
+    def destroyed(self) -> None:
         self.metrics.sessions_destroyed.inc()
 
-    def sandbox_restarted(self, reason: RestartReason) -> None:
-        super().sandbox_restarted(reason)
+    def restarted(self, reason: RestartReason) -> None:
         self.metrics.sandbox_restarts.labels(reason).inc()
 
 

@@ -92,7 +92,7 @@ def check_model(settings: Settings) -> None:
 
 
 def check_tokens(settings: Settings) -> None:
-    from .execapi.auth import load_tokens
+    from .http.auth import load_tokens
 
     try:
         load_tokens(settings)
@@ -107,7 +107,7 @@ def check_isolation(settings: Settings) -> None:
     """bubblewrap, cgroups, root, the runtime image: before listening, not in a traceback."""
     if settings.isolation == "none":
         return  # the unisolated mode warns loudly when the runtime starts
-    from .sandbox.chooser import backend_for
+    from .sandbox.backends import backend_for
 
     backend_for(settings).check()  # raises IsolationUnavailable, a ConfigError
 

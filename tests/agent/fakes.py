@@ -16,7 +16,14 @@ import anyio.to_thread
 
 from sandbank.agent.interfaces import FileInfo
 from sandbank.agent.records import Role
-from sandbank.sandbox.base import RC_TIMEOUT, BashCall, EditorCall, ExecResult, PythonCall, ToolCall
+from sandbank.protocol.calls import (
+    RC_TIMEOUT,
+    BashCall,
+    EditorCall,
+    ExecResult,
+    PythonCall,
+    ToolCall,
+)
 
 
 class FakeWorkbench:

@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sandbank.agent.inspect_snippet import MARKER, inspect_code
-from sandbank.sandbox.base import PythonCall
-from sandbank.sandbox.sessions import ExecSession, Runtime
+from sandbank.protocol.calls import PythonCall
+from sandbank.sandbox.local import LocalSandboxes
+from sandbank.sandbox.sessions import ExecSession
 from tests.support import data_dir, settings
 
 pytestmark = pytest.mark.anyio
@@ -33,18 +34,18 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[tuple[Runtime, ExecSession]]:
+async def session() -> AsyncIterator[tuple[LocalSandboxes, ExecSession]]:
     with data_dir() as data:
-        runtime = Runtime(settings(data))
+        runtime = LocalSandboxes(settings(data))
         await runtime.start()
         try:
             yield runtime, await runtime.create(TENANT)
         finally:
-            await runtime.shutdown()
+            await runtime.close()
 
 
 async def test_an_excel_preview_shows_only_the_real_columns(
-    session: tuple[Runtime, ExecSession],
+    session: tuple[LocalSandboxes, ExecSession],
 ) -> None:
     runtime, s = session
     made = await runtime.execute(s.id, TENANT, PythonCall(MAKE_SHEETS), 60)

@@ -12,9 +12,9 @@ from sandbank.agent.loop import RunLimits, run_turn
 from sandbank.agent.model import SystemMessage, ToolResultMessage
 from sandbank.agent.scripted import ScriptedModel, answer, run_python
 from sandbank.interpreter.runs import SandboxWorkbench
-from sandbank.leasing.local import LocalSandboxes
-from sandbank.sandbox.base import ExecResult, PythonCall
-from sandbank.sandbox.sessions import Runtime
+from sandbank.protocol.calls import ExecResult, PythonCall
+from sandbank.sandbox.local import LocalSandboxes
+from sandbank.sandbox.port import chunks_of
 from tests.agent.fakes import RecordingSink
 from tests.support import data_dir, settings
 
@@ -36,20 +36,20 @@ def module_data() -> Iterator[Path]:
 @pytest.fixture(scope="module")
 async def sandboxes(module_data: Path) -> AsyncIterator[LocalSandboxes]:
     s = settings(module_data)
-    runtime = Runtime(s)
-    await runtime.start()
+    local = LocalSandboxes(s)
+    await local.start()
     try:
-        yield LocalSandboxes(runtime, s)
+        yield local
     finally:
-        await runtime.shutdown()
+        await local.close()
 
 
 @pytest.fixture
 async def bench(sandboxes: LocalSandboxes, tmp_path: Path) -> AsyncIterator[SandboxWorkbench]:
-    sid = await sandboxes.create(OWNER)
+    sid = (await sandboxes.create(OWNER)).id
     upload = tmp_path / "sales.csv"
     upload.write_text(CSV)
-    await sandboxes.put_file(sid, OWNER, "sales.csv", upload, read_only=True)
+    await sandboxes.write_file(sid, OWNER, "sales.csv", chunks_of(upload), read_only=True)
     try:
         yield SandboxWorkbench(sandboxes, sid, OWNER)
     finally:

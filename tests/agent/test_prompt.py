@@ -8,7 +8,7 @@ import pytest
 
 from sandbank.agent.inspect_snippet import MARKER
 from sandbank.agent.prompt import build_system_prompt
-from sandbank.sandbox.base import PythonCall
+from sandbank.protocol.calls import PythonCall
 from tests.agent.fakes import FakeWorkbench
 
 pytestmark = pytest.mark.anyio

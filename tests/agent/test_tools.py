@@ -6,7 +6,7 @@ import pytest
 
 from sandbank.agent.model import ToolCallRequest
 from sandbank.agent.tools import TOOL_SPECS, ToolArgumentError, clip, result_text, to_sandbox_call
-from sandbank.sandbox.base import BashCall, EditorCall, ExecResult, PythonCall
+from sandbank.protocol.calls import BashCall, EditorCall, ExecResult, PythonCall
 
 
 def request(name: str, **arguments: object) -> ToolCallRequest:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbank.sandbox.sessions import Runtime
+from sandbank.sandbox.local import LocalSandboxes
 from tests.egress.upstream import Upstream, make_ca, make_wheel, serve_index
 from tests.support import data_dir, settings
 
@@ -53,8 +53,8 @@ def module_data() -> Iterator[Path]:
 @pytest.fixture(scope="module", params=["bwrap", "fork"])
 async def runtime(
     request: pytest.FixtureRequest, module_data: Path, world: World
-) -> AsyncIterator[Runtime]:
-    rt = Runtime(
+) -> AsyncIterator[LocalSandboxes]:
+    rt = LocalSandboxes(
         settings(
             module_data,
             isolation=request.param,
@@ -69,4 +69,4 @@ async def runtime(
     try:
         yield rt
     finally:
-        await rt.shutdown()
+        await rt.close()

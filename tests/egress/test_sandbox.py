@@ -7,7 +7,8 @@ import time
 import pytest
 
 from sandbank.egress.policy import NetworkPolicy
-from sandbank.sandbox.sessions import Runtime
+from sandbank.protocol.sessions import SessionSpec
+from sandbank.sandbox.local import LocalSandboxes
 from tests.egress.conftest import PACKAGE, World
 from tests.sandbox.conftest import Shell
 from tests.support import data_dir, settings
@@ -15,12 +16,12 @@ from tests.support import data_dir, settings
 pytestmark = pytest.mark.anyio
 
 
-async def shell(runtime: Runtime, network: NetworkPolicy | None = None) -> Shell:
-    return Shell(runtime, await runtime.create("tests", network=network))
+async def shell(runtime: LocalSandboxes, network: NetworkPolicy | None = None) -> Shell:
+    return Shell(runtime, await runtime.create("tests", SessionSpec(network=network)))
 
 
 async def test_an_allowed_name_works_over_http_from_curl_and_python(
-    runtime: Runtime, world: World
+    runtime: LocalSandboxes, world: World
 ) -> None:
     sb = await shell(runtime)
     try:
@@ -39,7 +40,7 @@ async def test_an_allowed_name_works_over_http_from_curl_and_python(
 
 
 async def test_an_allowed_name_works_over_https_with_a_ca_trusted_in_the_session(
-    runtime: Runtime, world: World
+    runtime: LocalSandboxes, world: World
 ) -> None:
     sb = await shell(runtime)
     url = f"https://secure.test:{world.tls.port}/tls"
@@ -59,7 +60,7 @@ async def test_an_allowed_name_works_over_https_with_a_ca_trusted_in_the_session
 
 
 async def test_names_not_on_the_list_and_unlisted_private_addresses_are_refused_clearly(
-    runtime: Runtime, world: World
+    runtime: LocalSandboxes, world: World
 ) -> None:
     sb = await shell(runtime)
     try:
@@ -87,7 +88,7 @@ async def test_names_not_on_the_list_and_unlisted_private_addresses_are_refused_
 
 
 async def test_no_interface_no_resolver_and_direct_ip_udp_and_raw_sockets_fail(
-    runtime: Runtime, world: World
+    runtime: LocalSandboxes, world: World
 ) -> None:
     sb = await shell(runtime)
     try:
@@ -118,7 +119,7 @@ async def test_no_interface_no_resolver_and_direct_ip_udp_and_raw_sockets_fail(
 
 
 async def test_pip_installs_a_package_from_an_allowed_index_into_the_session(
-    runtime: Runtime, world: World
+    runtime: LocalSandboxes, world: World
 ) -> None:
     sb = await shell(runtime)
     try:
@@ -142,7 +143,7 @@ async def test_pip_installs_a_package_from_an_allowed_index_into_the_session(
 
 
 async def test_pip_fails_at_once_naming_the_policy_when_the_index_is_not_allowed(
-    runtime: Runtime, world: World
+    runtime: LocalSandboxes, world: World
 ) -> None:
     sb = await shell(runtime, network=NetworkPolicy())
     try:
@@ -160,7 +161,7 @@ async def test_pip_fails_at_once_naming_the_policy_when_the_index_is_not_allowed
 
 
 async def test_a_hint_narrows_the_operators_list_and_cannot_widen_it(
-    runtime: Runtime, world: World
+    runtime: LocalSandboxes, world: World
 ) -> None:
     hint = NetworkPolicy.parse([f"allowed.test:{world.web.port}", f"evil.test:{world.web.port}",
                                 f"127.0.0.0/8:{world.other.port}"])  # fmt: skip
@@ -182,7 +183,7 @@ async def test_a_hint_narrows_the_operators_list_and_cannot_widen_it(
 async def test_the_default_stays_no_network_at_all(world: World) -> None:
     """No policy set: no proxy, no socket, no relay, no variables; pip says why it fails."""
     with data_dir() as data:
-        rt = Runtime(settings(data, cpu_limit=0.5))
+        rt = LocalSandboxes(settings(data, cpu_limit=0.5))
         await rt.start()
         try:
             assert rt.backend.egress_proxy is None
@@ -203,11 +204,11 @@ async def test_the_default_stays_no_network_at_all(world: World) -> None:
             assert "network policy is none (no network)" in r.stdout, r
             assert sb.session.network.is_none
         finally:
-            await rt.shutdown()
+            await rt.close()
 
 
 async def test_the_relay_comes_back_with_a_restarted_interpreter(
-    runtime: Runtime, world: World
+    runtime: LocalSandboxes, world: World
 ) -> None:
     sb = await shell(runtime)
     url = f"http://allowed.test:{world.web.port}"

@@ -155,8 +155,8 @@ def test_sigterm_ends_running_calls_with_a_result_and_removes_everything() -> No
         r = out["r"]
         assert r.status_code == 200 and r.json()["result_block"]["content"]["return_code"] != 0
         assert list((d / "sandboxes").iterdir()) == []
-        from sandbank.sandbox import cgroups, disk
-        from sandbank.sandbox.backend import instance_id
+        from sandbank.sandbox.backends.base import instance_id
+        from sandbank.sandbox.host import cgroups, disk
 
         inst = instance_id(d)
         assert not (cgroups.ROOT / "memory" / "sandbank" / inst).exists()

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandbank.sandbox.base import RC_TIMEOUT
+from sandbank.protocol.calls import RC_TIMEOUT
 from tests.execapi.conftest import Contract, run
 from tests.support import REPO, Server, data_dir
 

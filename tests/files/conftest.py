@@ -82,7 +82,7 @@ def storage_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings
 
 @pytest.fixture
 async def object_store(storage_settings: Settings) -> AsyncIterator[ObjectStore]:
-    store = await open_object_store(storage_settings)
+    store = open_object_store(storage_settings)
     try:
         yield store
     finally:

@@ -27,7 +27,7 @@ KEY = "sessions/s1/data.csv"
 async def receiver(request: pytest.FixtureRequest, tmp_path: Path) -> UploadReceiver:
     url = "memory://" if request.param == "memory" else ""
     settings = Settings(storage_url=url, data_dir=tmp_path, public_base_url="https://sb.example/")
-    store = await open_object_store(settings)
+    store = open_object_store(settings)
     assert isinstance(store, UploadReceiver)
     return store
 
@@ -125,8 +125,8 @@ def test_the_signing_key_is_created_once_private_and_reused(tmp_path: Path) -> N
 
 
 async def test_signatures_from_another_key_are_refused(tmp_path: Path) -> None:
-    mine = await open_object_store(Settings(data_dir=tmp_path / "a"))
-    theirs = await open_object_store(Settings(data_dir=tmp_path / "b"))
+    mine = open_object_store(Settings(data_dir=tmp_path / "a"))
+    theirs = open_object_store(Settings(data_dir=tmp_path / "b"))
     assert isinstance(mine, LocalObjectStore)
     form = await theirs.presign_post(KEY, 10, 60)
     with pytest.raises(Forbidden):
@@ -134,7 +134,7 @@ async def test_signatures_from_another_key_are_refused(tmp_path: Path) -> None:
 
 
 async def test_symlinks_in_the_object_tree_are_not_followed(tmp_path: Path) -> None:
-    store = await open_object_store(Settings(data_dir=tmp_path))
+    store = open_object_store(Settings(data_dir=tmp_path))
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret").write_bytes(b"secret")

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.anyio
 async def test_presigned_post_fixes_the_key_and_bounds_the_size(
     moto_endpoint: str, tmp_path: Path
 ) -> None:
-    store = await open_object_store(s3_settings(moto_endpoint, tmp_path))
+    store = open_object_store(s3_settings(moto_endpoint, tmp_path))
     form = await store.presign_post("sessions/s1/data.csv", 1000, 60)
 
     assert form.fields["key"] == "prefix/sessions/s1/data.csv"
@@ -42,7 +42,7 @@ async def test_presigned_post_fixes_the_key_and_bounds_the_size(
 
 
 async def test_presigned_get_downloads_as_an_attachment(moto_endpoint: str, tmp_path: Path) -> None:
-    store = await open_object_store(s3_settings(moto_endpoint, tmp_path))
+    store = open_object_store(s3_settings(moto_endpoint, tmp_path))
     await store.put("sessions/s1/plot.png", io.BytesIO(b"\x89PNG"))
     url = await store.presign_get("sessions/s1/plot.png", "plot.png", 60)
 

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sandbank.fleet.client import NodeClient, TransportFailed
+from sandbank.protocol.http1 import Http1Client as NodeClient
+from sandbank.protocol.http1 import TransportFailed
 
 
 async def serve(handler: object) -> tuple[asyncio.Server, str]:

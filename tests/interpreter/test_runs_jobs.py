@@ -1,7 +1,7 @@
 """Runs of two replicas in one process, on one store: takeover, fencing, cancel, hand-back.
 
 The store is the in-memory one (the SQL stores pass the same contract in tests/store), the
-sandboxes a fake and the model scripted: these tests check the replicas' logic, fast; the
+sandboxes run on the fake backend and the model is scripted: these tests check the replicas' logic, fast; the
 HTTP tests in test_replicas.py check it again with real processes and PostgreSQL.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import BinaryIO
 
 import anyio
 import pytest
@@ -21,8 +20,8 @@ from sandbank.config import Settings
 from sandbank.files.memory import MemoryObjectStore
 from sandbank.interpreter.files import SessionFiles
 from sandbank.interpreter.runs import HANDED_BACK, RESUME_NOTE, WORKER_LOST, Runs
-from sandbank.leasing import FileEntry
-from sandbank.sandbox.base import ExecResult, ToolCall
+from sandbank.sandbox.backends.fake import FakeBackend
+from sandbank.sandbox.local import LocalSandboxes
 from sandbank.store.memory import MemoryStore
 
 pytestmark = pytest.mark.anyio
@@ -31,45 +30,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-class FakeSandboxes:
-    """Sandboxes that exist and run nothing: the runs' bookkeeping is under test here."""
-
-    def __init__(self) -> None:
-        self.live: set[str] = set()
-        self.made = 0
-
-    async def start(self) -> None: ...
-    async def close(self) -> None: ...
-
-    async def create(self, owner: str) -> str:
-        self.made += 1
-        self.live.add(f"sb{self.made}")
-        return f"sb{self.made}"
-
-    async def exists(self, sandbox_id: str, owner: str) -> bool:
-        return sandbox_id in self.live
-
-    async def execute(
-        self, sandbox_id: str, owner: str, call: ToolCall, timeout_s: float
-    ) -> ExecResult:
-        return ExecResult(stdout="ok")
-
-    async def destroy(self, sandbox_id: str, owner: str) -> None:
-        self.live.discard(sandbox_id)
-
-    async def list_files(self, sandbox_id: str, owner: str) -> list[FileEntry]:
-        return []
-
-    async def read_file(
-        self, sandbox_id: str, owner: str, path: str, dest: BinaryIO, max_bytes: int
-    ) -> int:
-        return 0
-
-    async def put_file(
-        self, sandbox_id: str, owner: str, path: str, source: Path, read_only: bool
-    ) -> None: ...
 
 
 def hanging() -> ScriptedModel:
@@ -91,13 +51,22 @@ class Fleet:
             run_poll_seconds=0.05,
             run_lease_seconds=5,
             shutdown_grace_seconds=0,
+            pool_size=0,
         )  # type: ignore[call-arg]
         self.store = MemoryStore()
         self.files = SessionFiles(self.store, MemoryObjectStore(), self.settings)
         self.replicas: list[Runs] = []
+        self.backends: dict[str, FakeBackend] = {}
+        self.sandboxes: list[LocalSandboxes] = []
 
-    def replica(self, model: ScriptedModel, name: str) -> Runs:
-        runs = Runs(self.store, self.files, FakeSandboxes(), model, self.settings, name)
+    async def replica(self, model: ScriptedModel, name: str) -> Runs:
+        """A replica with sandboxes of its own (on the fake backend: they run nothing)."""
+        own = self.settings.model_copy(update={"data_dir": self.settings.data_dir / name})
+        backend = self.backends[name] = FakeBackend(own)
+        sandboxes = LocalSandboxes(own, backend)
+        await sandboxes.start()
+        self.sandboxes.append(sandboxes)
+        runs = Runs(self.store, self.files, sandboxes, model, self.settings, name)
         self.replicas.append(runs)
         return runs
 
@@ -126,14 +95,16 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
         task.cancel()
     if tasks:
         await asyncio.wait(tasks, timeout=5)
+    for sandboxes in made.sandboxes:
+        await sandboxes.close()
 
 
 async def test_a_run_taken_over_is_resumed_and_its_old_replica_writes_nothing(
     fleet: Fleet,
 ) -> None:
-    stalled = fleet.replica(hanging(), "r1")
+    stalled = await fleet.replica(hanging(), "r1")
     resumer_model = answering("resumed")
-    resumer = fleet.replica(resumer_model, "r2")
+    resumer = await fleet.replica(resumer_model, "r2")
     sid = await fleet.question(stalled)
     await anyio.sleep(0.05)  # r1 is waiting for its model
     run, stalled_task = stalled.active[sid].run, stalled.active[sid].task
@@ -156,8 +127,8 @@ async def test_a_run_taken_over_is_resumed_and_its_old_replica_writes_nothing(
 async def test_a_cancel_posted_to_another_replica_reaches_the_one_running(
     fleet: Fleet,
 ) -> None:
-    running = fleet.replica(hanging(), "r1")
-    other = fleet.replica(answering("unused"), "r2")
+    running = await fleet.replica(hanging(), "r1")
+    other = await fleet.replica(answering("unused"), "r2")
     sid = await fleet.question(running)
     run_id = running.active[sid].run.id
     ticking = asyncio.create_task(running.serve_forever())
@@ -178,8 +149,8 @@ async def test_a_cancel_posted_to_another_replica_reaches_the_one_running(
 async def test_shutdown_hands_a_run_back_and_another_replica_finishes_it(
     fleet: Fleet,
 ) -> None:
-    leaving = fleet.replica(hanging(), "r1")
-    staying = fleet.replica(answering("finished elsewhere"), "r2")
+    leaving = await fleet.replica(hanging(), "r1")
+    staying = await fleet.replica(answering("finished elsewhere"), "r2")
     sid = await fleet.question(leaving)
     await anyio.sleep(0.05)
     await leaving.shutdown(grace_s=0.05)
@@ -199,8 +170,8 @@ async def test_shutdown_hands_a_run_back_and_another_replica_finishes_it(
 
 async def test_a_post_to_a_full_replica_is_queued_for_one_with_room(fleet: Fleet) -> None:
     fleet.settings.runs_per_replica = 1
-    full = fleet.replica(hanging(), "r1")
-    free = fleet.replica(answering("from r2"), "r2")
+    full = await fleet.replica(hanging(), "r1")
+    free = await fleet.replica(answering("from r2"), "r2")
     await fleet.question(full)
     sid = await fleet.question(full)  # r1 has no room: queued
     assert sid not in full.active
@@ -209,13 +180,13 @@ async def test_a_post_to_a_full_replica_is_queued_for_one_with_room(fleet: Fleet
 
 
 async def test_a_run_lost_too_often_ends_as_an_error(fleet: Fleet) -> None:
-    sid = await fleet.question(fleet.replica(hanging(), "r0"))
+    sid = await fleet.question(await fleet.replica(hanging(), "r0"))
     for index in range(1, 4):
         await fleet.store.expire_leases()
         claimed = await fleet.store.claim_runs(f"dead{index}", 1, 5)
         assert [r.session_id for r in claimed] == [sid]
     await fleet.store.expire_leases()
-    await fleet.replica(answering("never"), "r9").tick()
+    await (await fleet.replica(answering("never"), "r9")).tick()
     assert await fleet.wait_until_ended(sid) == ("ERROR", WORKER_LOST)
 
 
@@ -223,8 +194,8 @@ async def test_a_question_posted_elsewhere_runs_where_the_sessions_sandbox_is(
     fleet: Fleet,
 ) -> None:
     home, elsewhere = (
-        fleet.replica(answering("at home"), "r1"),
-        fleet.replica(answering("away"), "r2"),
+        await fleet.replica(answering("at home"), "r1"),
+        await fleet.replica(answering("away"), "r2"),
     )
     sid = await fleet.question(home)
     assert await fleet.wait_until_ended(sid) == ("DONE", None)
@@ -236,7 +207,7 @@ async def test_a_question_posted_elsewhere_runs_where_the_sessions_sandbox_is(
     assert not elsewhere.active
     await home.tick()
     assert await fleet.wait_until_ended(sid) == ("DONE", None)
-    assert home.sandboxes.made == 1 and elsewhere.sandboxes.made == 0  # type: ignore[attr-defined]
+    assert len(fleet.backends["r1"].sandboxes) == 1 and not fleet.backends["r2"].sandboxes
 
     # r1 stops ticking (dead): after the wait, r2 takes the session's next question.
     session = await fleet.store.get_session(sid)
@@ -250,7 +221,7 @@ async def test_a_question_posted_elsewhere_runs_where_the_sessions_sandbox_is(
 
 async def test_an_answer_already_stored_is_never_given_twice(fleet: Fleet) -> None:
     """Stopped (or killed) between storing its answer and recording its end, a run ends DONE."""
-    stopping = fleet.replica(hanging(), "r1")
+    stopping = await fleet.replica(hanging(), "r1")
     sid = await fleet.question(stopping)
     await anyio.sleep(0.05)
     run = stopping.active[sid].run
@@ -259,13 +230,13 @@ async def test_an_answer_already_stored_is_never_given_twice(fleet: Fleet) -> No
     assert await fleet.wait_until_ended(sid) == ("DONE", None)
 
     model = answering("a second answer")
-    dead = fleet.replica(hanging(), "r2")
+    dead = await fleet.replica(hanging(), "r2")
     other = await fleet.question(dead)
     await anyio.sleep(0.05)
     dead_run = dead.active[other].run
     await fleet.store.add_message(other, "assistant", "first", False, fence=dead_run)
     await fleet.store.expire_leases()  # r2 died before recording the end
-    await fleet.replica(model, "r3").tick()
+    await (await fleet.replica(model, "r3")).tick()
     assert await fleet.wait_until_ended(other) == ("DONE", None)
     assert model.calls == []
     answers = [m.content for m in await fleet.store.list_messages(other) if m.role == "assistant"]

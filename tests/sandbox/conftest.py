@@ -14,13 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from sandbank.sandbox.backend import INTERPRETERS, Backend
-from sandbank.sandbox.base import BashCall, EditorCall, ExecResult, PythonCall
-from sandbank.sandbox.bwrap import BwrapBackend
-from sandbank.sandbox.fake import FakeBackend
-from sandbank.sandbox.forked import ForkBackend
-from sandbank.sandbox.sessions import ExecSession, Runtime
-from sandbank.sandbox.unisolated import UnisolatedBackend
+from sandbank.protocol.calls import BashCall, EditorCall, ExecResult, PythonCall
+from sandbank.protocol.sessions import SessionInfo
+from sandbank.sandbox.backends.base import INTERPRETERS, Backend
+from sandbank.sandbox.backends.bwrap import BwrapBackend
+from sandbank.sandbox.backends.fake import FakeBackend
+from sandbank.sandbox.backends.fork import ForkBackend
+from sandbank.sandbox.backends.unisolated import UnisolatedBackend
+from sandbank.sandbox.local import LocalSandboxes
+from sandbank.sandbox.sessions import ExecSession
 from tests.support import data_dir, settings
 
 BACKENDS: dict[str, type[Backend]] = {
@@ -62,31 +64,31 @@ def module_data() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-async def runtime(module_data: Path, backend_name: str) -> AsyncIterator[Runtime]:
+async def runtime(module_data: Path, backend_name: str) -> AsyncIterator[LocalSandboxes]:
     config = settings(module_data, cpu_limit=0.5, isolation=isolation_of(backend_name))
-    rt = Runtime(config, BACKENDS[backend_name](config))
+    rt = LocalSandboxes(config, BACKENDS[backend_name](config))
     await rt.start()
     try:
         yield rt
     finally:
-        await rt.shutdown()
+        await rt.close()
 
 
 @pytest.fixture
-async def session(runtime: Runtime) -> AsyncIterator[ExecSession]:
-    s = await runtime.create("tests")
+async def session(runtime: LocalSandboxes) -> AsyncIterator[ExecSession]:
+    info = await runtime.create("tests")
     try:
-        yield s
+        yield runtime.session(info.id, "tests")
     finally:
-        await runtime.destroy(s.id, "tests")
+        await runtime.destroy(info.id, "tests")
 
 
 class Shell:
     """Terse calls against one session."""
 
-    def __init__(self, runtime: Runtime, session: ExecSession) -> None:
+    def __init__(self, runtime: LocalSandboxes, session: ExecSession | SessionInfo) -> None:
         self.runtime = runtime
-        self.session = session
+        self.session = runtime.session(session.id, "tests")
 
     async def py(self, code: str, timeout: float = 20) -> ExecResult:
         return await self.runtime.execute(self.session.id, "tests", PythonCall(code), timeout)
@@ -100,5 +102,5 @@ class Shell:
 
 
 @pytest.fixture
-def sb(runtime: Runtime, session: ExecSession) -> Shell:
+def sb(runtime: LocalSandboxes, session: ExecSession) -> Shell:
     return Shell(runtime, session)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbank.sandbox.backend import INTERPRETERS, ISOLATION
+from sandbank.sandbox.backends.base import INTERPRETERS, ISOLATION
 from tests.sandbox.conftest import Shell
 
 pytestmark = [pytest.mark.anyio, pytest.mark.claims(INTERPRETERS)]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandbank import capacity
-from sandbank.sandbox import bwrap, cgroups
+from sandbank.sandbox.host import cgroups, machine
 
 MOUNTINFO = """\
 25 1 0:23 / /sys rw,nosuid - sysfs sysfs rw
@@ -52,8 +52,8 @@ def test_a_kernel_that_refuses_costs_a_warning_not_the_server(
         raise OSError(22, "Invalid argument")
 
     monkeypatch.setattr(cgroups, "favor_dynamic_moves", refuse)
-    with caplog.at_level(logging.WARNING, logger=bwrap.log.name):
-        bwrap.favor_dynamic_moves()
+    with caplog.at_level(logging.WARNING, logger=machine.log.name):
+        machine.favor_dynamic_moves()
     assert "favordynmods could not be enabled" in caplog.text
     assert "Invalid argument" in caplog.text
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from sandbank.sandbox.backend import INTERPRETERS
-from sandbank.sandbox.base import BashCall, PythonCall
+from sandbank.protocol.calls import BashCall, Display, Done, Output, PythonCall
+from sandbank.sandbox.backends.base import INTERPRETERS
 from tests.sandbox.conftest import Shell
 
 pytestmark = [pytest.mark.anyio, pytest.mark.claims(INTERPRETERS)]
@@ -56,27 +56,33 @@ async def test_markdown_broken_and_oversized_representations(sb: Shell) -> None:
 async def test_a_streamed_call_hands_over_its_output_as_it_comes(sb: Shell) -> None:
     events: list[tuple[float, str, Any]] = []
     started = time.monotonic()
-    r = await sb.runtime.execute(
-        sb.session.id,
-        "tests",
-        PythonCall("import time\nfor i in range(3):\n    print(i, flush=True); time.sleep(0.4)\n"
-                   "display({'k': 1} and __import__('fractions').Fraction(1, 3))"),
-        20,
-        lambda kind, data: events.append((time.monotonic() - started, kind, data)),
-    )  # fmt: skip
+    code = (
+        "import time\nfor i in range(3):\n    print(i, flush=True); time.sleep(0.4)\n"
+        "display({'k': 1} and __import__('fractions').Fraction(1, 3))"
+    )
+    r = None
+    async for event in sb.runtime.stream(sb.session.id, "tests", PythonCall(code), 20):
+        at = time.monotonic() - started
+        if isinstance(event, Output):
+            events.append((at, event.stream, event.text))
+        elif isinstance(event, Display):
+            events.append((at, "display", event.bundle))
+        elif isinstance(event, Done):
+            r = event.result
     ended = time.monotonic() - started
-    assert r.stdout == "0\n1\n2\n"  # the result is whole, as for a plain call
+    assert r is not None and r.stdout == "0\n1\n2\n"  # the result is whole, as for a plain call
     stdout = [e for e in events if e[1] == "stdout"]
     assert "".join(e[2] for e in stdout) == "0\n1\n2\n"
     assert stdout[0][0] < ended - 0.6  # the first line came long before the end
     assert [e[1] for e in events if e[1] == "display"] == ["display"]
-    events.clear()
-    r = await sb.runtime.execute(
-        sb.session.id, "tests", BashCall("echo one; echo two >&2"), 10,
-        lambda kind, data: events.append((0, kind, data)),
-    )  # fmt: skip
-    assert ("stdout", "one\n") in [(k, d) for _, k, d in events]
-    assert ("stderr", "two\n") in [(k, d) for _, k, d in events]
+    seen = [
+        (e.stream, e.text)
+        async for e in sb.runtime.stream(
+            sb.session.id, "tests", BashCall("echo one; echo two >&2"), 10
+        )
+        if isinstance(e, Output)
+    ]
+    assert ("stdout", "one\n") in seen and ("stderr", "two\n") in seen
 
 
 async def test_bang_lines_run_in_bash_and_pip_magic_says_who_installs(sb: Shell) -> None:

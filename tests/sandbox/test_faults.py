@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from sandbank.sandbox.backend import INTERPRETERS, ISOLATION
-from sandbank.sandbox.base import RC_KILLED, BashCall, EditorCall
+from sandbank.protocol.calls import RC_KILLED, BashCall, EditorCall
+from sandbank.sandbox.backends.base import INTERPRETERS, ISOLATION
 from sandbank.sandbox.channel import WorkerProcess
 from sandbank.sandbox.inside import protocol
 from tests.sandbox.conftest import Shell

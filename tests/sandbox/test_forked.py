@@ -19,11 +19,12 @@ from unittest import mock
 import pytest
 
 from sandbank.errors import IsolationUnavailable, SandboxError
-from sandbank.sandbox import bwrap, forked
-from sandbank.sandbox import template as template_module
-from sandbank.sandbox.base import PythonCall
-from sandbank.sandbox.sessions import Runtime
-from sandbank.sandbox.template import Template
+from sandbank.protocol.calls import PythonCall
+from sandbank.sandbox.backends import fork as forked
+from sandbank.sandbox.backends import fork_template as template_module
+from sandbank.sandbox.backends.fork_template import Template
+from sandbank.sandbox.host import layout, machine
+from sandbank.sandbox.local import LocalSandboxes
 from tests.sandbox.conftest import Shell
 from tests.support import REPO, TEST_LIMITS, data_dir, processes_of_uids, settings
 
@@ -37,7 +38,7 @@ def isolation() -> Iterator[str]:
         yield "fork"
 
 
-def _template(runtime: Runtime) -> Template:
+def _template(runtime: LocalSandboxes) -> Template:
     assert isinstance(runtime.backend, forked.ForkBackend) and runtime.backend.template
     return runtime.backend.template
 
@@ -51,7 +52,7 @@ RANDOMS = (
 )
 
 
-async def test_two_sessions_never_draw_the_same_random_numbers(runtime: Runtime) -> None:
+async def test_two_sessions_never_draw_the_same_random_numbers(runtime: LocalSandboxes) -> None:
     draws = []
     for _ in range(3):
         sh = Shell(runtime, await runtime.create("tests"))
@@ -107,7 +108,7 @@ async def test_the_data_stack_is_already_imported_and_matplotlib_is_clean(sb: Sh
 
 
 async def test_a_dead_template_is_replaced_without_failing_leases_or_live_sessions(
-    runtime: Runtime,
+    runtime: LocalSandboxes,
 ) -> None:
     template = _template(runtime)
     before = Shell(runtime, await runtime.create("tests"))
@@ -131,7 +132,7 @@ async def test_a_dead_template_is_replaced_without_failing_leases_or_live_sessio
 
 async def test_an_aged_or_changed_template_is_retired_after_its_sandboxes_end() -> None:
     with data_dir() as d:
-        rt = Runtime(settings(d, fork_template_max_forks=2))
+        rt = LocalSandboxes(settings(d, fork_template_max_forks=2))
         await rt.start()
         try:
             template = _template(rt)
@@ -164,11 +165,11 @@ async def test_an_aged_or_changed_template_is_retired_after_its_sandboxes_end() 
                     await asyncio.sleep(0.05)
             assert template.generation == 3
         finally:
-            await rt.shutdown()
+            await rt.close()
 
 
 async def test_the_template_is_single_threaded_and_its_memory_is_reported_apart(
-    runtime: Runtime,
+    runtime: LocalSandboxes,
 ) -> None:
     template = _template(runtime)
     assert template.pid is not None
@@ -206,7 +207,7 @@ def _loops_backed_by(prefix: str) -> list[str]:
 
 
 async def test_workspace_disks_are_copies_of_one_formatted_image_and_detach_on_destroy(
-    runtime: Runtime,
+    runtime: LocalSandboxes,
 ) -> None:
     data = str(runtime.settings.data_dir.resolve())
     assert runtime.backend.formatted_disk.exists()
@@ -228,7 +229,7 @@ async def test_pid_1_is_the_small_static_init_and_it_reaps_orphans(sb: Shell) ->
         "grep -l '^State:.*Z' /proc/[0-9]*/status | wc -l"
     )
     exe, rss, zombies = r.stdout.split("\n", 2)
-    assert exe == f"{forked.RUNTIME_MOUNT}/{forked.INIT_PROGRAM}", r  # exec'd: no Python heap
+    assert exe == f"{layout.RUNTIME_MOUNT}/{forked.INIT_PROGRAM}", r  # exec'd: no Python heap
     assert int(rss.split()[1]) < 2048, rss  # kB
     assert zombies.strip() == "0", r
     r = await sb.py("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
@@ -237,7 +238,7 @@ async def test_pid_1_is_the_small_static_init_and_it_reaps_orphans(sb: Shell) ->
 
 
 async def test_a_workspace_disk_that_fails_while_the_child_waits_fails_only_that_lease(
-    runtime: Runtime,
+    runtime: LocalSandboxes,
 ) -> None:
     # The disk is made while the template forks; the child waits for it, and leaves without it.
     real = forked.disk.create_from
@@ -264,7 +265,7 @@ async def test_a_workspace_disk_that_fails_while_the_child_waits_fails_only_that
 
 async def test_a_template_that_stops_answering_is_replaced_and_the_lease_still_succeeds() -> None:
     with data_dir() as d, mock.patch.object(template_module, "ORDER_TIMEOUT", 1.0):
-        rt = Runtime(settings(d))
+        rt = LocalSandboxes(settings(d))
         await rt.start()
         template = _template(rt)
         hung = template.pid
@@ -277,11 +278,11 @@ async def test_a_template_that_stops_answering_is_replaced_and_the_lease_still_s
             assert r.stdout == "served\n"
         finally:
             os.kill(hung, signal.SIGCONT)  # it sees its socket closed, and leaves
-            await rt.shutdown()
+            await rt.close()
 
 
 async def test_a_replaced_template_keeps_its_socket_until_the_order_in_flight_is_answered(
-    runtime: Runtime,
+    runtime: LocalSandboxes,
 ) -> None:
     """Closing it under an order being sent would fail that lease for nothing."""
     template = _template(runtime)
@@ -315,7 +316,7 @@ async def test_a_template_started_by_a_server_past_1024_descriptors_still_serves
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
     try:
         with data_dir() as d:
-            rt = Runtime(settings(d))
+            rt = LocalSandboxes(settings(d))
             with mock.patch.object(template_module.socket, "socketpair", high_pair):
                 await rt.start()
             try:
@@ -327,7 +328,7 @@ async def test_a_template_started_by_a_server_past_1024_descriptors_still_serves
                 assert r.stdout == "served\n"
                 assert _template(rt).pid == pid  # the same template, alive
             finally:
-                await rt.shutdown()
+                await rt.close()
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
@@ -335,6 +336,6 @@ async def test_a_template_started_by_a_server_past_1024_descriptors_still_serves
 def test_missing_tools_fail_with_what_to_install(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(bwrap, "HOST_PATH", str(tmp_path))
+    monkeypatch.setattr(machine, "HOST_PATH", str(tmp_path))
     with pytest.raises(IsolationUnavailable, match="apt-get install util-linux"):
         forked.check_available()

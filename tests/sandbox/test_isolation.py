@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from sandbank.sandbox.backend import ISOLATION
-from sandbank.sandbox.sessions import Runtime
+from sandbank.sandbox.backends.base import ISOLATION
+from sandbank.sandbox.local import LocalSandboxes
 from tests.sandbox.conftest import Shell
 from tests.support import REPO
 
@@ -102,7 +102,7 @@ async def test_the_hosts_loopback_and_the_servers_port_are_unreachable(sb: Shell
         listener.close()
 
 
-async def test_host_files_are_invisible(sb: Shell, runtime: Runtime) -> None:
+async def test_host_files_are_invisible(sb: Shell, runtime: LocalSandboxes) -> None:
     data_dir = runtime.settings.data_dir.resolve()
     probes = [
         "/etc/shadow", "/root", "/home", "/var", "/srv", "/run", "/sys",
@@ -118,7 +118,7 @@ async def test_host_files_are_invisible(sb: Shell, runtime: Runtime) -> None:
     assert "Read-only file system" in r.stdout and r.stdout.strip().endswith("1")
 
 
-async def test_other_sessions_workspaces_are_invisible(runtime: Runtime) -> None:
+async def test_other_sessions_workspaces_are_invisible(runtime: LocalSandboxes) -> None:
     a = Shell(runtime, await runtime.create("tests"))
     b = Shell(runtime, await runtime.create("tests"))
     try:
@@ -155,7 +155,7 @@ async def test_own_pid_namespace_and_unprivileged_uid(sb: Shell) -> None:
 
 
 async def test_clean_environment_no_server_secrets_reach_the_sandbox(
-    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+    runtime: LocalSandboxes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     canary = "canary-7f3e9a1c-do-not-leak"
     monkeypatch.setenv("SANDBANK_CANARY_SECRET", canary)
@@ -183,7 +183,7 @@ async def test_clean_environment_no_server_secrets_reach_the_sandbox(
 
 
 async def test_the_sandbox_reads_no_host_path_and_no_server_state(
-    sb: Shell, runtime: Runtime
+    sb: Shell, runtime: LocalSandboxes
 ) -> None:
     r = await sb.sh(
         "cat /proc/self/mountinfo /proc/1/cmdline /proc/1/environ "

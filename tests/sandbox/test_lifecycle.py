@@ -13,12 +13,15 @@ import pytest
 
 from sandbank.config import MiB, Settings
 from sandbank.errors import AtCapacity, IsolationUnavailable, SessionNotFound
-from sandbank.sandbox import bwrap, cgroups
-from sandbank.sandbox.backend import HOST_RESOURCES, INTERPRETERS, Backend, limits_from
-from sandbank.sandbox.base import PythonCall
-from sandbank.sandbox.bwrap import BwrapBackend
-from sandbank.sandbox.sessions import Runtime
-from sandbank.sandbox.uids import UidAllocator
+from sandbank.protocol.calls import PythonCall
+from sandbank.protocol.sessions import SessionSpec
+from sandbank.sandbox.backends import bwrap
+from sandbank.sandbox.backends.base import HOST_RESOURCES, INTERPRETERS, Backend, limits_from
+from sandbank.sandbox.backends.bwrap import BwrapBackend
+from sandbank.sandbox.host import cgroups, machine
+from sandbank.sandbox.host.slot import Slot
+from sandbank.sandbox.host.uids import UidAllocator
+from sandbank.sandbox.local import LocalSandboxes
 from tests.sandbox.conftest import Shell
 from tests.support import UID_LOCK_DIR, data_dir, processes_of_uids, settings
 
@@ -38,7 +41,9 @@ def _nothing_left(backend: Backend) -> dict[str, list[str]]:
 
 
 @pytest.mark.claims(HOST_RESOURCES)
-async def test_destroy_kills_every_process_and_removes_every_resource(runtime: Runtime) -> None:
+async def test_destroy_kills_every_process_and_removes_every_resource(
+    runtime: LocalSandboxes,
+) -> None:
     sh = Shell(runtime, await runtime.create("tests"))
     uid = sh.session.sandbox.uid
     await sh.sh("(sleep 1000 &) ; nohup sleep 1000 >/dev/null 2>&1 &")
@@ -50,17 +55,17 @@ async def test_destroy_kills_every_process_and_removes_every_resource(runtime: R
     assert str(uid) not in runtime.backend.leftovers()["uids"]
     assert not sh.session.sandbox.workspace.exists()
     with pytest.raises(SessionNotFound):
-        runtime.get(sh.session.id, "tests")
+        runtime.session(sh.session.id, "tests")
 
 
 async def test_fifty_create_destroy_cycles_leave_exactly_nothing_behind() -> None:
     with data_dir() as d:
-        rt = Runtime(settings(d))
+        rt = LocalSandboxes(settings(d))
         await rt.start()
         uids: set[int] = set()
         try:
             for _ in range(50):
-                s = await rt.create("cycle")
+                s = rt.session((await rt.create("cycle")).id, "cycle")
                 uids.add(s.sandbox.uid)
                 r = await rt.execute(s.id, "cycle", PythonCall("print('x')"), 10)
                 assert r.stdout == "x\n"
@@ -70,7 +75,7 @@ async def test_fifty_create_destroy_cycles_leave_exactly_nothing_behind() -> Non
             assert _nothing_left(rt.backend) == {}
             assert await wait_until_gone(uids) == []
         finally:
-            await rt.shutdown()
+            await rt.close()
         # After shutdown even the instance's parent cgroups are gone.
         assert not any(
             (cgroups.ROOT / c / "sandbank" / rt.backend.instance).exists()
@@ -93,10 +98,10 @@ async def test_a_restart_cleans_what_a_crashed_run_of_the_same_data_dir_left_onl
         try:
             assert _nothing_left(crashed)
             uid = orphan.uid
-            crashed.uids.release(uid) if crashed.uids else None  # the dead server's flock
-            rt = Runtime(settings(d))
+            crashed.host.uids.release(uid) if crashed.host.uids else None  # the dead server's flock
+            rt = LocalSandboxes(settings(d))
             await rt.start()
-            await rt.shutdown()
+            await rt.close()
             leftovers = crashed.leftovers()
             assert leftovers["cgroups"] == [] and leftovers["mounts"] == []
             assert leftovers["dirs"] == []
@@ -126,39 +131,40 @@ def test_uid_claims_are_exclusive_across_allocators(tmp_path: Path) -> None:
 
 async def test_warm_pool_pre_imports_and_never_reuses_a_sandbox() -> None:
     with data_dir() as d:
-        rt = Runtime(settings(d, pool_size=1, pool_preimport=True))
+        rt = LocalSandboxes(settings(d, pool_size=1, pool_preimport=True))
         await rt.start()
         try:
             await rt.pool.wait_full(timeout=120)
-            first = await rt.create("pool")
+            first = rt.session((await rt.create("pool")).id, "pool")
             r = await rt.execute(
                 first.id, "pool", PythonCall("import sys; 'pandas' in sys.modules"), 20
             )
             assert r.stdout == "True\n"
             await rt.pool.wait_full(timeout=120)
-            second = await rt.create("pool")
+            second = rt.session((await rt.create("pool")).id, "pool")
             assert second.sandbox is not first.sandbox
             assert second.sandbox.id != first.sandbox.id
+            first_id, second_id = first.sandbox.id, second.sandbox.id
             await rt.destroy(first.id, "pool")
             await rt.destroy(second.id, "pool")
             await rt.drain()
-            third = await rt.create("pool")  # a destroyed sandbox never comes back
-            assert third.sandbox.id not in (first.sandbox.id, second.sandbox.id)
+            third = rt.session((await rt.create("pool")).id, "pool")  # a destroyed sandbox never comes back
+            assert third.sandbox.id not in (first_id, second_id)
         finally:
-            await rt.shutdown()
+            await rt.close()
 
 
-async def test_an_empty_pool_means_a_slower_lease_not_a_refusal(runtime: Runtime) -> None:
+async def test_an_empty_pool_means_a_slower_lease_not_a_refusal(runtime: LocalSandboxes) -> None:
     assert runtime.pool.size == 0
     s = await runtime.create("tests")
     assert (await runtime.execute(s.id, "tests", PythonCall("1+1"), 10)).stdout == "2\n"
     await runtime.destroy(s.id, "tests")
 
 
-async def test_idle_timeout_and_max_lifetime_reclaim_sessions(runtime: Runtime) -> None:
-    idle = await runtime.create("t", idle_timeout=10)
-    old = await runtime.create("t", idle_timeout=100, max_lifetime=20)
-    busy = await runtime.create("t", idle_timeout=10)
+async def test_idle_timeout_and_max_lifetime_reclaim_sessions(runtime: LocalSandboxes) -> None:
+    idle = await runtime.create("t", SessionSpec(idle_timeout=10))
+    old = await runtime.create("t", SessionSpec(idle_timeout=100, max_lifetime=20))
+    busy = await runtime.create("t", SessionSpec(idle_timeout=10))
     start = idle.last_activity_at
     call = asyncio.create_task(
         runtime.execute(busy.id, "t", PythonCall("import time; time.sleep(1)"), 10)
@@ -166,18 +172,18 @@ async def test_idle_timeout_and_max_lifetime_reclaim_sessions(runtime: Runtime) 
     await asyncio.sleep(0.2)  # the call is in flight
     runtime.reap(now=start + 15)
     with pytest.raises(SessionNotFound):
-        runtime.get(idle.id, "t")
-    runtime.get(old.id, "t")  # touching does not extend the maximum lifetime
-    runtime.get(busy.id, "t")  # a call in flight is not idleness
+        runtime.session(idle.id, "t")
+    runtime.session(old.id, "t")  # touching does not extend the maximum lifetime
+    runtime.session(busy.id, "t")  # a call in flight is not idleness
     runtime.reap(now=old.created_at + 21)
     with pytest.raises(SessionNotFound):
-        runtime.get(old.id, "t")
+        runtime.session(old.id, "t")
     assert (await call).return_code == 0
     await runtime.destroy(busy.id, "t")
 
 
-async def test_lifetime_hints_are_clamped_to_the_ceilings(runtime: Runtime) -> None:
-    s = await runtime.create("tests", idle_timeout=10**9, max_lifetime=10**9)
+async def test_lifetime_hints_are_clamped_to_the_ceilings(runtime: LocalSandboxes) -> None:
+    s = await runtime.create("tests", SessionSpec(idle_timeout=10**9, max_lifetime=10**9))
     assert s.idle_timeout == runtime.settings.idle_timeout_max
     assert s.max_lifetime == runtime.settings.max_lifetime_max
     await runtime.destroy(s.id, "tests")
@@ -185,15 +191,15 @@ async def test_lifetime_hints_are_clamped_to_the_ceilings(runtime: Runtime) -> N
 
 async def test_capacity_reclaims_the_least_recently_used_idle_session_then_refuses() -> None:
     with data_dir() as d:
-        rt = Runtime(settings(d, max_sessions=2))
+        rt = LocalSandboxes(settings(d, max_sessions=2))
         await rt.start()
         try:
             a = await rt.create("t")
             b = await rt.create("t")
-            rt.get(a.id, "t")  # a is now more recently used than b
+            rt.session(a.id, "t")  # a is now more recently used than b
             c = await rt.create("t")
             with pytest.raises(SessionNotFound):
-                rt.get(b.id, "t")
+                rt.session(b.id, "t")
             calls = [
                 asyncio.create_task(
                     rt.execute(x.id, "t", PythonCall("import time; time.sleep(2)"), 10)
@@ -205,15 +211,15 @@ async def test_capacity_reclaims_the_least_recently_used_idle_session_then_refus
                 await rt.create("t")
             await asyncio.gather(*calls)
         finally:
-            await rt.shutdown()
+            await rt.close()
 
 
-async def test_tenants_do_not_see_each_others_sessions(runtime: Runtime) -> None:
+async def test_tenants_do_not_see_each_others_sessions(runtime: LocalSandboxes) -> None:
     s = await runtime.create("alice")
     with pytest.raises(SessionNotFound):
-        runtime.get(s.id, "bob")
+        runtime.session(s.id, "bob")
     await runtime.destroy(s.id, "bob")  # not bob's: nothing happens
-    runtime.get(s.id, "alice")
+    runtime.session(s.id, "alice")
     await runtime.destroy(s.id, "alice")
 
 
@@ -227,7 +233,9 @@ async def test_calls_on_one_session_run_one_at_a_time_in_arrival_order(sb: Shell
     assert (await sb.py("log")).stdout == "[0, 1, 2, 3, 4]\n"
 
 
-async def test_destroying_a_session_ends_its_running_call_with_a_result(runtime: Runtime) -> None:
+async def test_destroying_a_session_ends_its_running_call_with_a_result(
+    runtime: LocalSandboxes,
+) -> None:
     s = await runtime.create("tests")
     call = asyncio.create_task(
         runtime.execute(s.id, "tests", PythonCall("import time; time.sleep(30)"), 60)
@@ -249,11 +257,14 @@ def test_defaults_are_wired() -> None:
     )
     assert (lim.output_bytes, lim.open_files) == (MiB, 1024)
     assert s.put_file_max_bytes == 100 * MiB and s.exec_api == "on" and s.host == "127.0.0.1"
-    sandbox = bwrap.BwrapSandbox(
-        "sdefaults", instance="i", base_dir=Path("/nonexistent"), runtime_dir=Path("/r"),
-        uids=UidAllocator(UID_LOCK_DIR, 1, 1), limits=lim, preimport=True, seccomp_program=b"",
+    slot = Slot(
+        "sdefaults", instance="i", base_dir=Path("/nonexistent"),
+        uids=UidAllocator(UID_LOCK_DIR, 1, 1), limits=lim, egress_proxy=None,
     )  # fmt: skip
-    sandbox.uid = 123456
+    slot.uid = 123456
+    sandbox = bwrap.BwrapStarter(
+        slot, runtime_dir=Path("/r"), limits=lim, preimport=True, seccomp=b""
+    )
     args = sandbox._argv(9, 10, {"/etc/passwd": 11})
     assert args[args.index("--size") + 1] == str(s.tmp_limit_mb * MiB)
     assert "--seccomp" in args and "--unshare-all" in args
@@ -266,7 +277,7 @@ def test_defaults_are_wired() -> None:
 def test_missing_isolation_tools_fail_with_what_to_install(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(bwrap, "HOST_PATH", str(tmp_path))
+    monkeypatch.setattr(machine, "HOST_PATH", str(tmp_path))
     with pytest.raises(IsolationUnavailable, match="apt-get install bubblewrap"):
         bwrap.check_available()
     with pytest.raises(IsolationUnavailable, match="cgroup v1 controllers"):
@@ -275,7 +286,7 @@ def test_missing_isolation_tools_fail_with_what_to_install(
 
 async def test_unisolated_mode_is_explicit_and_loud(caplog: pytest.LogCaptureFixture) -> None:
     with data_dir() as d:
-        rt = Runtime(settings(d, isolation="none"))
+        rt = LocalSandboxes(settings(d, isolation="none"))
         with caplog.at_level(logging.WARNING):
             await rt.start()
         try:
@@ -284,7 +295,7 @@ async def test_unisolated_mode_is_explicit_and_loud(caplog: pytest.LogCaptureFix
             r = await rt.execute(s.id, "t", PythonCall("import os; print(os.getuid())"), 10)
             assert r.stdout == f"{os.getuid()}\n"
         finally:
-            await rt.shutdown()
+            await rt.close()
 
 
 async def test_a_cancelled_call_is_interrupted_and_the_next_call_is_in_step(sb: Shell) -> None:
@@ -311,7 +322,7 @@ def test_a_data_dir_sandbox_users_cannot_reach_fails_saying_so(tmp_path: Path) -
 
 @pytest.mark.claims(HOST_RESOURCES)
 async def test_a_lease_cancelled_mid_start_leaves_nothing_and_the_next_lease_is_in_step(
-    runtime: Runtime,
+    runtime: LocalSandboxes,
 ) -> None:
     for delay in (0.0, 0.001, 0.005, 0.02, 0.06, 0.15):
         task = asyncio.create_task(runtime.create("tests"))
@@ -332,7 +343,7 @@ async def test_a_lease_cancelled_mid_start_leaves_nothing_and_the_next_lease_is_
 
 
 @pytest.mark.claims(HOST_RESOURCES)
-async def test_all_sandboxes_of_a_server_share_one_memory_cap(runtime: Runtime) -> None:
+async def test_all_sandboxes_of_a_server_share_one_memory_cap(runtime: LocalSandboxes) -> None:
     from sandbank import capacity
 
     group = cgroups.ROOT / "memory" / "sandbank" / runtime.backend.instance

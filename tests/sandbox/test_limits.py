@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from sandbank.sandbox.backend import INTERPRETERS, LIMITS
-from sandbank.sandbox.base import RC_KILLED, RC_TIMEOUT
+from sandbank.protocol.calls import RC_KILLED, RC_TIMEOUT
+from sandbank.sandbox.backends.base import INTERPRETERS, LIMITS
 from tests.sandbox.conftest import Shell
 
 pytestmark = [pytest.mark.anyio, pytest.mark.claims(INTERPRETERS)]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sandbank.sandbox.backend import INTERPRETERS, ISOLATION
-from sandbank.sandbox.base import PythonCall
-from sandbank.sandbox.sessions import Runtime
+from sandbank.protocol.calls import PythonCall
+from sandbank.sandbox.backends.base import INTERPRETERS, ISOLATION
+from sandbank.sandbox.local import LocalSandboxes
 from tests.sandbox.conftest import Shell
 from tests.support import data_dir, settings
 
@@ -134,7 +134,7 @@ async def test_code_that_closes_or_redirects_its_stdout_does_not_break_the_sessi
 async def test_the_runtime_image_has_the_data_stack() -> None:
     # Importing the whole stack needs more than the suite's small memory limit.
     with data_dir() as d:
-        rt = Runtime(settings(d, memory_limit_mb=1024))
+        rt = LocalSandboxes(settings(d, memory_limit_mb=1024))
         await rt.start()
         try:
             s = await rt.create("t")
@@ -148,4 +148,4 @@ async def test_the_runtime_image_has_the_data_stack() -> None:
             )  # fmt: skip
             assert (r.stdout, r.stderr, r.return_code) == ("x**2/2\n", "", 0)
         finally:
-            await rt.shutdown()
+            await rt.close()

@@ -13,37 +13,38 @@ import pytest
 
 from sandbank.config import Settings
 from sandbank.errors import AtCapacity, SessionNotFound
-from sandbank.sandbox import transfers
-from sandbank.sandbox.backend import RUNTIME
-from sandbank.sandbox.fake import FakeBackend
-from sandbank.sandbox.sessions import Runtime
+from sandbank.protocol.sessions import SessionSpec
+from sandbank.sandbox import files as transfers
+from sandbank.sandbox.backends.base import RUNTIME
+from sandbank.sandbox.backends.fake import FakeBackend
+from sandbank.sandbox.local import LocalSandboxes
 from tests.sandbox.conftest import BACKENDS, isolation_of
 from tests.support import settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.claims(RUNTIME)]
 
-MakeRuntime = Callable[..., Awaitable[Runtime]]
+MakeRuntime = Callable[..., Awaitable[LocalSandboxes]]
 
 
 @pytest.fixture
 async def make_runtime(module_data: Path, backend_name: str) -> AsyncIterator[MakeRuntime]:
-    made: list[Runtime] = []
+    made: list[LocalSandboxes] = []
 
-    async def make(**overrides: Any) -> Runtime:
+    async def make(**overrides: Any) -> LocalSandboxes:
         config = settings(
             module_data / f"rt{len(made)}", isolation=isolation_of(backend_name), **overrides
         )
-        rt = Runtime(config, BACKENDS[backend_name](config))
+        rt = LocalSandboxes(config, BACKENDS[backend_name](config))
         await rt.start()
         made.append(rt)
         return rt
 
     yield make
     for rt in made:
-        await rt.shutdown()
+        await rt.close()
 
 
-def alive(rt: Runtime, tenant: str) -> int:
+def alive(rt: LocalSandboxes, tenant: str) -> int:
     return sum(1 for s in rt.sessions() if s.tenant == tenant)
 
 
@@ -56,7 +57,7 @@ async def test_a_full_server_reclaims_from_the_tenant_over_its_share(
     await rt.create("b")  # full: a holds more than its share, so a gives way
     assert (alive(rt, "a"), alive(rt, "b")) == (2, 2)
     with pytest.raises(SessionNotFound):
-        rt.get(a[0].id, "a")  # its least recently used one
+        rt.session(a[0].id, "a")  # its least recently used one
     await rt.create("a")  # a is at its share: its own session goes, never b's
     assert (alive(rt, "a"), alive(rt, "b")) == (2, 2)
 
@@ -71,21 +72,21 @@ async def test_a_tenant_at_its_own_cap_reclaims_its_own_sessions(
     await rt.create("a")
     assert (alive(rt, "a"), alive(rt, "b")) == (2, 1)
     with pytest.raises(SessionNotFound):
-        rt.get(first.id, "a")
+        rt.session(first.id, "a")
 
 
 async def test_busy_sessions_of_the_greedy_tenant_mean_a_refusal_not_anothers_loss(
     make_runtime: MakeRuntime,
 ) -> None:
     rt = await make_runtime(max_sessions=4)
-    greedy = [await rt.create("a") for _ in range(3)]
+    greedy = [rt.session((await rt.create("a")).id, "a") for _ in range(3)]
     other = await rt.create("b")
     for s in greedy:
         await s.lock.acquire()  # a call in progress on each
     try:
         with pytest.raises(AtCapacity):
             await rt.create("b")
-        rt.get(other.id, "b")
+        rt.session(other.id, "b")
     finally:
         for s in greedy:
             s.lock.release()
@@ -93,19 +94,19 @@ async def test_busy_sessions_of_the_greedy_tenant_mean_a_refusal_not_anothers_lo
 
 async def test_expiry_is_decided_at_the_time_given(make_runtime: MakeRuntime) -> None:
     rt = await make_runtime()
-    s = await rt.create("t", idle_timeout=10, max_lifetime=100)
+    s = await rt.create("t", SessionSpec(idle_timeout=10, max_lifetime=100))
     rt.reap(now=s.last_activity_at + 5)
-    rt.get(s.id, "t")
+    rt.session(s.id, "t")
     rt.reap(now=s.last_activity_at + 11)
     with pytest.raises(SessionNotFound):
-        rt.get(s.id, "t")
+        rt.session(s.id, "t")
 
 
 async def test_a_download_sends_at_most_the_size_the_file_had_when_opened(
     make_runtime: MakeRuntime,
 ) -> None:
     rt = await make_runtime()
-    s = await rt.create("t")
+    s = rt.session((await rt.create("t")).id, "t")
     path = s.sandbox.workspace / "growing.log"
     path.write_bytes(b"a" * 1000)
     download = await transfers.open_download(s, "growing.log")
@@ -134,7 +135,7 @@ async def test_sweeps_run_off_the_loop_one_at_a_time_and_a_burst_shares_them(
     tmp_path: Path,
 ) -> None:
     backend = SlowSweepBackend(settings(tmp_path, isolation="none"))
-    rt = Runtime(backend.settings, backend)
+    rt = LocalSandboxes(backend.settings, backend)
     await rt.start()
     try:
         await rt.sweep()
@@ -149,4 +150,4 @@ async def test_sweeps_run_off_the_loop_one_at_a_time_and_a_burst_shares_them(
         await rt.sweep()
         assert backend.runs == runs_at_call + 1 and first.done()
     finally:
-        await rt.shutdown()
+        await rt.close()

@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from sandbank.sandbox import seccomp
-from sandbank.sandbox.backend import ISOLATION
+from sandbank.sandbox.backends.base import ISOLATION
+from sandbank.sandbox.host import seccomp
 from tests.sandbox.conftest import Shell
 
 pytestmark = [pytest.mark.anyio, pytest.mark.claims(ISOLATION)]

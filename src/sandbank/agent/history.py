@@ -17,7 +17,7 @@ from sandbank.agent.model import (
 )
 from sandbank.agent.records import ToolRecord
 from sandbank.agent.tools import result_text
-from sandbank.sandbox.base import ExecResult
+from sandbank.protocol.calls import ExecResult
 
 SHORTENED_KEEP = 200  # characters an old tool output keeps once shortened
 SHORTENED_MARK = "\n[older output shortened]"

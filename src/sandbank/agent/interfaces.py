@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sandbank.agent.records import Role
-from sandbank.sandbox.base import ExecResult, ToolCall
+from sandbank.protocol.calls import ExecResult, ToolCall
 
 
 @dataclass(frozen=True)

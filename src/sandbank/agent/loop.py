@@ -33,7 +33,7 @@ from sandbank.agent.tools import (
 )
 from sandbank.config import Settings
 from sandbank.errors import RunCancelled, RunLimitReached, SandbankError
-from sandbank.sandbox.base import RC_TIMEOUT
+from sandbank.protocol.calls import RC_TIMEOUT
 
 # A workbench that ignores its timeout is abandoned this long after the deadline.
 TOOL_TIMEOUT_GRACE_S = 5.0

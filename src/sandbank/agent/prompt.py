@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from sandbank.agent.inspect_snippet import MARKER, inspect_code
 from sandbank.agent.interfaces import FileInfo, Workbench
-from sandbank.sandbox.base import PythonCall
+from sandbank.protocol.calls import PythonCall
 
 WORKSPACE = "/workspace"
 LIBRARIES = (

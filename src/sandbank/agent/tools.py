@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandbank.agent.model import ToolCallRequest, ToolSpec
-from sandbank.sandbox.base import BashCall, EditorCall, ExecResult, PythonCall, ToolCall
+from sandbank.protocol.calls import BashCall, EditorCall, ExecResult, PythonCall, ToolCall
 
 PYTHON_TOOL = "code_execution"
 BASH_TOOL = "bash"

@@ -1,37 +1,35 @@
-"""HTTP routes of the code-execution API: parse, make one runtime call, serialize."""
+"""HTTP routes of the code-execution API: parse, make one call on the sandbox port, serialize."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import secrets
 from collections.abc import AsyncIterator
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import BadRequest, PayloadTooLarge, Unprocessable, UnsupportedMediaType
-from ..http import SSE_HEADERS, grouped_routes, sse, untrusted_file_headers
-from ..multipart import FormStream, is_multipart
-from ..sandbox import transfers
-from ..sandbox.base import ExecResult
-from ..sandbox.sessions import ExecSession, Runtime
-from ..sandbox.workspace import media_type
-from . import schemas
-from .auth import TokenAuth
-
-MAX_JSON_BODY = 16 * 1024 * 1024
+from ..config import Settings
+from ..errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from ..http.auth import TokenAuth
+from ..http.bodies import json_body
+from ..http.multipart import FormStream, is_multipart
+from ..http.responses import SSE_HEADERS, sse, untrusted_file_headers
+from ..http.routing import grouped_routes
+from ..media import media_type
+from ..protocol import codec
+from ..protocol.calls import Display, Done, Event, Output
+from ..protocol.sessions import FormPart
+from ..sandbox.port import Sandboxes
 
 
 class ExecApi:
-    """The code-execution API's routes over the runtime."""
+    """The code-execution API's routes over the sandbox port."""
 
-    def __init__(self, runtime: Runtime, auth: TokenAuth) -> None:
-        self.runtime = runtime
+    def __init__(self, sandboxes: Sandboxes, auth: TokenAuth, settings: Settings) -> None:
+        self.sandboxes = sandboxes
         self.auth = auth
-        self.settings = runtime.settings
+        self.settings = settings
 
     def routes(self) -> list[Route]:
         return grouped_routes(
@@ -46,94 +44,57 @@ class ExecApi:
             ]
         )
 
-    def _tenant(self, request: Request) -> str:
-        return self.auth.tenant(request.headers.get("authorization"))
-
-    def _session(self, request: Request) -> ExecSession:
-        return self.runtime.get(request.path_params["session_id"], self._tenant(request))
+    def _caller(self, request: Request) -> tuple[str, str]:
+        """(session id, tenant) of a request on one session."""
+        tenant = self.auth.tenant(request.headers.get("authorization"))
+        return request.path_params["session_id"], tenant
 
     async def create_session(self, request: Request) -> Response:
-        tenant = self._tenant(request)
-        body = await json_body(request, optional=True)
-        idle, lifetime = schemas.parse_create(body)
-        network = schemas.parse_network(body)
-        session = await self.runtime.create(tenant, idle, lifetime, network)
-        return JSONResponse(session_handle(session), status_code=201)
+        tenant = self.auth.tenant(request.headers.get("authorization"))
+        spec = codec.parse_create(await json_body(request, optional=True))
+        info = await self.sandboxes.create(tenant, spec)
+        return JSONResponse(codec.encode_handle(info), status_code=201)
 
     async def destroy_session(self, request: Request) -> Response:
-        await self.runtime.destroy(request.path_params["session_id"], self._tenant(request))
+        await self.sandboxes.destroy(*self._caller(request))
         return Response(status_code=204)
 
     async def execute(self, request: Request) -> Response:
-        tenant = self._tenant(request)
-        session_id = request.path_params["session_id"]
-        self.runtime.get(session_id, tenant)  # 404 before reading a large body
-        req = schemas.parse_exec(await json_body(request))
-        timeout = min(
-            req.timeout or self.settings.exec_timeout_default, self.settings.exec_timeout_max
-        )
+        session_id, tenant = self._caller(request)
+        await self.sandboxes.get(session_id, tenant)  # 404 before reading a large body
+        req = codec.parse_exec(await json_body(request))
+        s = self.settings
+        timeout = min(req.timeout or s.exec_timeout_default, s.exec_timeout_max)
         tool_use_id = req.tool_use_id or f"srvtoolu_{secrets.token_hex(12)}"
         if "text/event-stream" in request.headers.get("accept", ""):
+            # The call runs on its own: a client that goes away interrupts nothing, unless it
+            # asked for that with `?on_disconnect=interrupt`.
             interrupt = request.query_params.get("on_disconnect") == "interrupt"
-            events = self._stream(session_id, tenant, req, timeout, tool_use_id, interrupt)
-            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-        result = await self.runtime.execute(session_id, tenant, req.call, timeout)
-        return JSONResponse(exec_response(req.tool, tool_use_id, result))
-
-    async def _stream(
-        self,
-        session_id: str,
-        tenant: str,
-        req: schemas.ExecRequest,
-        timeout: float,
-        tool_use_id: str,
-        interrupt_on_disconnect: bool,
-    ) -> AsyncIterator[bytes]:
-        """A streamed Execute: output and displays as they come, then the plain call's result.
-
-        The call runs on its own: a client that goes away interrupts nothing, unless it asked
-        for that with `?on_disconnect=interrupt`.
-        """
-        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        call = asyncio.ensure_future(
-            self.runtime.execute(
-                session_id, tenant, req.call, timeout, lambda k, d: queue.put_nowait((k, d))
+            events = self.sandboxes.stream(
+                session_id, tenant, req.call, timeout, cancel_on_close=interrupt
             )
-        )
-        call.add_done_callback(lambda _: queue.put_nowait(("done", None)))
-        try:
-            while (item := await queue.get())[0] != "done":
-                kind, data = item
-                yield sse(kind, {"text": data} if isinstance(data, str) else data)
-            yield sse("result", exec_response(req.tool, tool_use_id, call.result()))
-        finally:
-            if interrupt_on_disconnect and not call.done():
-                call.cancel()  # the runtime interrupts the code and keeps the session in step
+            return StreamingResponse(
+                _sse(events, req.tool, tool_use_id),
+                media_type="text/event-stream",
+                headers=SSE_HEADERS,
+            )
+        result = await self.sandboxes.execute(session_id, tenant, req.call, timeout)
+        return JSONResponse(codec.encode_result(req.tool, tool_use_id, result))
 
     async def list_files(self, request: Request) -> Response:
-        session = self._session(request)
         path = request.query_params.get("path", ".")
-        entries, truncated = await transfers.list_files(session, path, self.settings.list_files_max)
-        files: list[dict[str, Any]] = []
-        for e in entries:
-            item: dict[str, Any] = {
-                "path": e.path,
-                "size_bytes": e.size_bytes,
-                "mime_type": e.mime_type,
-                "modified_at": e.modified_at,
-            }
-            if e.is_dir:
-                item["is_dir"] = True
-            files.append(item)
-        body: dict[str, Any] = {"files": files, "truncated": truncated}
-        return JSONResponse(body)
+        entries, truncated = await self.sandboxes.list_files(
+            *self._caller(request), path, self.settings.list_files_max
+        )
+        return JSONResponse(codec.encode_listing(entries, truncated))
 
     async def get_file(self, request: Request) -> Response:
-        session = self._session(request)
+        session_id, tenant = self._caller(request)
         path = request.query_params.get("path")
         if not path:
+            await self.sandboxes.get(session_id, tenant)  # an unknown session is a 404 first
             raise BadRequest("the query parameter `path` is required")
-        download = await transfers.open_download(session, path)
+        download = await self.sandboxes.read_file(session_id, tenant, path)
         # Chunked, at most the size at open: a file changing while it is sent keeps the
         # response's framing valid.
         return StreamingResponse(
@@ -143,7 +104,8 @@ class ExecApi:
         )
 
     async def put_file(self, request: Request) -> Response:
-        session = self._session(request)
+        session_id, tenant = self._caller(request)
+        await self.sandboxes.get(session_id, tenant)  # 404 before reading a large body
         cap = self.settings.put_file_max_bytes
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > cap + 64 * 1024:
@@ -152,71 +114,26 @@ class ExecApi:
         if not is_multipart(content_type):
             raise UnsupportedMediaType("PutFile takes multipart/form-data with a `file` part")
         form = FormStream(content_type, request.stream())
-        parts = ((p.name, p.filename, chunks) async for p, chunks in form.parts())
-        path, size = await transfers.put_file(session, parts, cap)
-        return JSONResponse({"path": path, "size_bytes": size}, status_code=201)
+        entry = await self.sandboxes.upload(session_id, tenant, _parts(form), cap)
+        return JSONResponse(codec.encode_file(entry), status_code=201)
 
     async def health(self, request: Request) -> Response:
-        if not self.runtime.healthy():
+        if not self.sandboxes.healthy():
             return JSONResponse({"status": "unavailable"}, status_code=503)
-        return JSONResponse({"status": "ok", "pool_ready": self.runtime.pool.ready})
+        return JSONResponse({"status": "ok", **self.sandboxes.status()})
 
 
-def session_handle(session: ExecSession) -> dict[str, Any]:
-    return {
-        "session_id": session.id,
-        "idle_timeout_seconds": session.idle_timeout,
-        "max_lifetime_seconds": session.max_lifetime,
-        "created_at": session.created_at,
-        "last_activity_at": session.last_activity_at,
-        "network": network_in_force(session),
-    }
+async def _parts(form: FormStream) -> AsyncIterator[FormPart]:
+    async for part, chunks in form.parts():
+        yield part.name, part.filename, chunks
 
 
-def network_in_force(session: ExecSession) -> str | dict[str, list[str]]:
-    """The session's network policy, in the form of CreateSession's hint (an addition)."""
-    return "none" if session.network.is_none else {"allow": session.network.entries()}
-
-
-def exec_response(tool: str, tool_use_id: str, result: ExecResult) -> dict[str, Any]:
-    return {
-        "tool_use_id": tool_use_id,
-        "execution_time_ms": result.duration_ms,
-        "result_block": {
-            "type": schemas.RESULT_TYPES[tool],
-            "tool_use_id": tool_use_id,
-            "content": {
-                "type": "code_execution_result",
-                "stdout": result.stdout,
-                "stderr": result.stderr,
-                "return_code": result.return_code,
-                "content": [
-                    {"type": "code_execution_output", "file_id": f, "filename": f}
-                    for f in result.files
-                ],
-                **({"display_outputs": result.displays} if result.displays else {}),
-            },
-        },
-    }
-
-
-async def json_body(request: Request, optional: bool = False) -> Any:
-    """The request's JSON body, refusing other media types (a CSRF and confusion guard)."""
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_JSON_BODY:
-            raise PayloadTooLarge(f"the request body is larger than {MAX_JSON_BODY} bytes")
-    if not raw.strip():
-        if optional:
-            return None
-        raise Unprocessable("a JSON request body is required")
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype != "application/json" and not ctype.endswith("+json"):
-        raise UnsupportedMediaType("request bodies must be JSON (Content-Type: application/json)")
-    try:
-        return json.loads(raw)
-    except ValueError as e:
-        raise Unprocessable(f"the request body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise Unprocessable("the request body is nested too deeply") from None
+async def _sse(events: AsyncIterator[Event], tool: str, tool_use_id: str) -> AsyncIterator[bytes]:
+    """A streamed Execute's events: `stdout`, `stderr`, `display`, then `result`."""
+    async for event in events:
+        if isinstance(event, Output):
+            yield sse(event.stream, {"text": event.text})
+        elif isinstance(event, Display):
+            yield sse("display", event.bundle)
+        elif isinstance(event, Done):
+            yield sse("result", codec.encode_result(tool, tool_use_id, event.result))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import anyio.to_thread
-
 from sandbank.config import Settings
 from sandbank.errors import BadRequest
 from sandbank.files.base import (
@@ -31,18 +29,18 @@ __all__ = [
 ]
 
 
-async def open_object_store(settings: Settings) -> ObjectStore:
+def open_object_store(settings: Settings) -> ObjectStore:
     """The store `storage_url` names: empty → DATA_DIR/objects, `s3://…`, or `memory://`."""
     url = settings.storage_url
     if url.startswith("s3://"):
-        from sandbank.files.s3 import S3ObjectStore
+        from sandbank.files.s3 import S3ObjectStore, client_from_settings, parse_storage_url
 
-        return await S3ObjectStore.from_settings(settings)
+        bucket, prefix = parse_storage_url(url)
+        return S3ObjectStore(client_from_settings(settings), bucket, prefix)
 
     from sandbank.files.signing import UrlSigner, load_signing_key, public_base_url
 
-    key = await anyio.to_thread.run_sync(load_signing_key, settings)
-    signer = UrlSigner(key, public_base_url(settings))
+    signer = UrlSigner(load_signing_key(settings), public_base_url(settings))
     if url == "memory://":
         from sandbank.files.memory import MemoryObjectStore
 
@@ -51,5 +49,4 @@ async def open_object_store(settings: Settings) -> ObjectStore:
         raise BadRequest(f"unsupported storage URL {url!r}: use s3://bucket/prefix or leave empty")
     from sandbank.files.local import LocalObjectStore
 
-    root = settings.data_dir / "objects"
-    return await anyio.to_thread.run_sync(LocalObjectStore, root, signer)
+    return LocalObjectStore(settings.data_dir / "objects", signer)

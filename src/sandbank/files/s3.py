@@ -71,12 +71,6 @@ class S3ObjectStore:
         self._bucket = bucket
         self._prefix = prefix
 
-    @classmethod
-    async def from_settings(cls, settings: Settings) -> S3ObjectStore:
-        bucket, prefix = parse_storage_url(settings.storage_url)
-        client = await anyio.to_thread.run_sync(client_from_settings, settings)
-        return cls(client, bucket, prefix)
-
     def _full(self, key: str) -> str:
         check_key(key)
         return self._prefix + key

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import httpx
 from starlette.requests import Request
@@ -24,7 +25,7 @@ from ..errors import (
     SandboxError,
     SessionNotFound,
 )
-from .client import NodeClient, NodeResponse, TransportFailed
+from ..protocol.http1 import Http1Client, Reply, TransportFailed
 from .ids import SessionIds
 from .membership import Member, Membership
 from .node import INSTANCE_HEADER, INSTANCE_LENGTH
@@ -74,7 +75,7 @@ class Fleet:
         self.rng = random.Random()  # noqa: S311 - spreading load, not a secret
         self.terminating = False
         self.call_timeout = settings.exec_timeout_max + HTTP_SLACK_S
-        self._clients: dict[str, NodeClient] = {}
+        self._clients: dict[str, Http1Client] = {}
         self._auth = f"Bearer {self.token}"
 
     async def start(self) -> None:
@@ -86,10 +87,10 @@ class Fleet:
         for client in self._clients.values():
             client.close()
 
-    def _client(self, member: Member) -> NodeClient:
+    def _client(self, member: Member) -> Http1Client:
         client = self._clients.get(member.url)
         if client is None:
-            client = NodeClient(member.url, self.settings.fleet_connect_timeout_seconds)
+            client = Http1Client(member.url, self.settings.fleet_connect_timeout_seconds)
             self._clients[member.url] = client
         return client
 
@@ -101,7 +102,7 @@ class Fleet:
         headers: dict[str, str],
         body: Body = None,
         stream: bool = False,
-    ) -> NodeResponse:
+    ) -> Reply:
         """Send to a node; `NodeGone` as soon as the transport fails or the node is declared out."""
         if not member.up:
             raise NodeGone
@@ -126,6 +127,48 @@ class Fleet:
             raise NodeGone from None
         finally:
             member.calls.discard(task)
+
+    def route(self, tenant: str, public: str) -> tuple[Member, str]:
+        """(its node, the node's own id) of a session; 404 for an id the fleet did not sign,
+        and a clear 404 when its node is gone or restarted (its state is lost)."""
+        name, tagged = self.ids.verify(tenant, public)
+        instance, local = tagged[:INSTANCE_LENGTH], tagged[INSTANCE_LENGTH:]
+        member = self.membership.get(name)
+        if member is None or not member.up:
+            raise gone(public, name)
+        if member.instance and instance != member.instance:
+            raise gone(public, name, "restarted")
+        return member, local
+
+    async def place(
+        self, tenant: str, create: Callable[[Member], Awaitable[Reply]]
+    ) -> tuple[Reply, dict[str, Any]]:
+        """Create a session on a node with room (power of two choices, a few tries); the node's
+        answer and, when it is 201, its handle with the fleet's signed id."""
+        tried: set[str] = set()
+        for _ in range(PLACEMENT_TRIES):
+            member = choose(self.membership.up(), self.settings.fleet_sample, self.rng, tried)
+            if member is None:
+                break
+            tried.add(member.name)
+            try:
+                r = await create(member)
+            except NodeGone:
+                continue
+            if r.status == 503:
+                continue  # full or draining since its last report: another node may take it
+            if r.status != 201:
+                return r, {}
+            instance = r.headers.get(INSTANCE_HEADER.decode(), "")
+            if len(instance) != INSTANCE_LENGTH:
+                raise SandboxError(f"fleet node {member.name} did not name its instance")
+            member.instance = instance  # it may have restarted since its last report
+            handle = r.json()
+            local = instance + handle["session_id"]
+            handle["session_id"] = self.ids.sign(tenant, member.name, local)
+            member.placed += 1
+            return r, handle
+        raise AtCapacity("every sandbox node is full or draining; retry shortly", retry_after=5)
 
 
 def gone(
@@ -158,15 +201,7 @@ class FrontApi:
     def _route(self, request: Request) -> tuple[str, Member, str]:
         """(public id, its node, the node's own id); 404 for an id the fleet did not sign."""
         public = request.path_params["session_id"]
-        name, tagged = self.fleet.ids.verify(
-            self.tenant(request.headers.get("authorization")), public
-        )
-        instance, local = tagged[:INSTANCE_LENGTH], tagged[INSTANCE_LENGTH:]
-        member = self.fleet.membership.get(name)
-        if member is None or not member.up:
-            raise gone(public, name)
-        if member.instance and instance != member.instance:
-            raise gone(public, name, "restarted")
+        member, local = self.fleet.route(self.tenant(request.headers.get("authorization")), public)
         return public, member, local
 
     def _headers(self, request: Request) -> dict[str, str]:
@@ -182,31 +217,14 @@ class FrontApi:
         body = await read_body(request, CREATE_BODY_MAX)
         headers = self._headers(request)
         headers.pop("content-length", None)
-        tried: set[str] = set()
-        fleet = self.fleet
-        for _ in range(PLACEMENT_TRIES):
-            member = choose(fleet.membership.up(), fleet.settings.fleet_sample, fleet.rng, tried)
-            if member is None:
-                break
-            tried.add(member.name)
-            try:
-                r = await fleet.send(member, "POST", "/sessions", dict(headers), body)
-            except NodeGone:
-                continue
-            if r.status == 503:
-                continue  # full or draining since its last report: another node may take it
-            if r.status != 201:
-                return _copy(r)
-            instance = r.headers.get(INSTANCE_HEADER.decode(), "")
-            if len(instance) != INSTANCE_LENGTH:
-                raise SandboxError(f"fleet node {member.name} did not name its instance")
-            member.instance = instance  # it may have restarted since its last report
-            handle = r.json()
-            local = instance + handle["session_id"]
-            handle["session_id"] = fleet.ids.sign(tenant, member.name, local)
-            member.placed += 1
-            return JSONResponse(handle, status_code=201)
-        raise AtCapacity("every sandbox node is full or draining; retry shortly", retry_after=5)
+
+        def create(member: Member) -> Awaitable[Reply]:
+            return self.fleet.send(member, "POST", "/sessions", dict(headers), body)
+
+        reply, handle = await self.fleet.place(tenant, create)
+        if reply.status != 201:
+            return _copy(reply)
+        return JSONResponse(handle, status_code=201)
 
     async def destroy_session(self, request: Request) -> Response:
         try:
@@ -271,11 +289,11 @@ class FrontApi:
         )
 
 
-def _response_headers(r: NodeResponse) -> dict[str, str]:
+def _response_headers(r: Reply) -> dict[str, str]:
     return {k: v for k in RESPONSE_HEADERS if (v := r.headers.get(k)) is not None}
 
 
-def _copy(r: NodeResponse) -> Response:
+def _copy(r: Reply) -> Response:
     headers = _response_headers(r)
     headers.pop("content-length", None)  # set again from the body
     return Response(r.body, status_code=r.status, headers=headers)

@@ -1,4 +1,4 @@
-"""The node role: the runtime's code-execution API for the fronts alone, capacity and drain."""
+"""The node role: the local sandboxes' code-execution API for the fronts alone, capacity, drain."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import __version__
 from ..config import Settings
 from ..errors import SandbankError
-from ..sandbox.sessions import Runtime
+from ..sandbox.local import LocalSandboxes
 
 log = logging.getLogger(__name__)
 OPEN_PATHS = {"/health"}  # kubelet probes carry no secret; it tells nothing but "alive"
@@ -52,9 +52,9 @@ def memory_available() -> int:
 class NodeControl:
     """Capacity reports for the fronts, and the drain (SIGTERM or `POST /fleet/drain`)."""
 
-    def __init__(self, settings: Settings, runtime: Runtime) -> None:
+    def __init__(self, settings: Settings, local: LocalSandboxes) -> None:
         self.settings = settings
-        self.runtime = runtime
+        self.local = local
         self.name = node_name(settings)
         # This process's incarnation: a session id names it, so a call on a session of a node
         # that restarted under the same name is told the machine holding it is gone.
@@ -70,7 +70,7 @@ class NodeControl:
         ]
 
     def report(self) -> dict[str, object]:
-        sessions = self.runtime.sessions()
+        sessions = self.local.sessions()
         return {
             "name": self.name,
             "instance": self.instance,
@@ -95,8 +95,8 @@ class NodeControl:
         return JSONResponse(self.report(), status_code=202)
 
     def _end_sessions(self) -> None:
-        for session in self.runtime.sessions():
-            asyncio.get_running_loop().create_task(self.runtime.destroy(session.id, session.tenant))
+        for session in self.local.sessions():
+            asyncio.get_running_loop().create_task(self.local.destroy(session.id, session.tenant))
 
     def drain(self) -> asyncio.Task[None]:
         """Take no new sessions; done when no call runs or the grace period is over."""
@@ -110,7 +110,7 @@ class NodeControl:
         deadline = time.monotonic() + self.settings.fleet_drain_grace_seconds
         try:
             while time.monotonic() < deadline:
-                if not any(s.inflight for s in self.runtime.sessions()):
+                if not any(s.inflight for s in self.local.sessions()):
                     return
                 await asyncio.sleep(0.05)
             log.warning("drain grace over with calls still running: they end with a result")

@@ -1,36 +1,153 @@
-"""The interpreter's sandboxes on a front: the protocol client, routed in-process over the fleet."""
+"""The sandbox port over a fleet: sessions placed on nodes, each call routed by its signed id.
+
+What the interpreter (and any other door but the code-execution API's own byte proxy) uses on a
+front. A lost node answers `SessionNotFound` like an unknown session, with a message that says
+the machine is gone, so a chat's next turn leases a new sandbox and tells the agent.
+"""
 
 from __future__ import annotations
 
-import httpx
-from pydantic import SecretStr
-from starlette.applications import Starlette
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
-from ..config import Settings
-from ..http import EXCEPTION_HANDLERS
-from ..leasing.remote import RemoteSandboxes
-from .front import Fleet, FrontApi
+from ..errors import SessionNotFound
+from ..protocol import codec
+from ..protocol.calls import Event, ExecResult, ToolCall
+from ..protocol.client import JSON, Body, ExecClient, error_of
+from ..protocol.http1 import Reply
+from ..protocol.sessions import Download, FileEntry, FormPart, SessionInfo, SessionSpec
+from .front import Fleet, NodeGone, gone
+from .membership import Member
 
-# The interpreter's sandboxes are a tenant of their own, apart from every exec-API token.
-INTERPRETER_TENANT = "interpreter"
+T = TypeVar("T")
 
 
-class FleetSandboxes(RemoteSandboxes):
-    """`RemoteSandboxes` whose requests go through this front's router, with no socket.
+class MemberTransport:
+    """Requests to one node through the front's connections (`NodeGone` when it is lost)."""
 
-    A lost node answers 404 like an unknown session, so a chat's next turn leases a new sandbox,
-    places its files again and tells the agent (interpreter/runs.py `_lease`).
-    """
+    def __init__(self, fleet: Fleet, member: Member) -> None:
+        self.fleet = fleet
+        self.member = member
 
-    def __init__(self, settings: Settings, fleet: Fleet) -> None:
-        api = FrontApi(fleet, lambda _authorization: INTERPRETER_TENANT)
-        app = Starlette(routes=api.routes(), exception_handlers=EXCEPTION_HANDLERS)
-        super().__init__(
-            settings.model_copy(
-                update={"sandbox_url": "http://fleet", "sandbox_token": SecretStr("")}
-            ),
-            transport=httpx.ASGITransport(app=app),
-        )
+    async def request(
+        self,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: Body = None,
+        stream: bool = False,
+    ) -> Reply:
+        return await self.fleet.send(self.member, method, target, dict(headers), body, stream)
+
+
+class FleetSandboxes:
+    """Sessions on the fleet's nodes."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
 
     async def start(self) -> None:
-        pass  # nodes are Sandbank nodes: they serve the file operations
+        pass  # the front starts the fleet; nodes are Sandbank nodes, serving every operation
+
+    async def close(self) -> None:
+        pass
+
+    def status(self) -> dict[str, int]:
+        return {"nodes_up": len(self.fleet.membership.up())}
+
+    def healthy(self) -> bool:
+        return not self.fleet.terminating
+
+    def _client(self, member: Member) -> ExecClient:
+        return ExecClient(MemberTransport(self.fleet, member))
+
+    async def _on(
+        self, session_id: str, tenant: str, call: Callable[[ExecClient, str], Awaitable[T]]
+    ) -> T:
+        member, local = self.fleet.route(tenant, session_id)
+        try:
+            return await call(self._client(member), local)
+        except NodeGone:
+            raise gone(session_id, member.name) from None
+
+    async def create(self, tenant: str, spec: SessionSpec | None = None) -> SessionInfo:
+        body = json.dumps(codec.encode_create(spec or SessionSpec())).encode()
+
+        def create(member: Member) -> Awaitable[Reply]:
+            return self.fleet.send(member, "POST", "/sessions", {"content-type": JSON}, body)
+
+        reply, handle = await self.fleet.place(tenant, create)
+        if reply.status != 201:
+            raise error_of(reply)
+        return codec.decode_handle(handle)
+
+    async def get(self, session_id: str, tenant: str) -> SessionInfo:
+        # Nodes answer GetSession as a listing does: 404 once the session is gone.
+        await self._on(session_id, tenant, lambda c, local: c.list_files(local, "."))
+        return SessionInfo(session_id, 0, 0, 0.0, 0.0)
+
+    async def execute(
+        self, session_id: str, tenant: str, call: ToolCall, timeout: float
+    ) -> ExecResult:
+        return await self._on(session_id, tenant, lambda c, local: c.execute(local, call, timeout))
+
+    async def stream(
+        self,
+        session_id: str,
+        tenant: str,
+        call: ToolCall,
+        timeout: float,
+        *,
+        cancel_on_close: bool = False,
+    ) -> AsyncIterator[Event]:
+        member, local = self.fleet.route(tenant, session_id)
+        try:
+            async for event in self._client(member).stream(local, call, timeout, cancel_on_close):
+                yield event
+        except NodeGone:
+            raise gone(session_id, member.name) from None
+
+    async def destroy(self, session_id: str, tenant: str) -> None:
+        try:
+            member, local = self.fleet.route(tenant, session_id)
+            await self._client(member).destroy(local)
+            member.released()
+        except (SessionNotFound, NodeGone):
+            pass  # already gone: the desired state
+
+    async def list_files(
+        self, session_id: str, tenant: str, path: str, limit: int
+    ) -> tuple[list[FileEntry], bool]:
+        return await self._on(session_id, tenant, lambda c, local: c.list_files(local, path))
+
+    async def read_file(self, session_id: str, tenant: str, path: str) -> Download:
+        return await self._on(session_id, tenant, lambda c, local: c.read_file(local, path))
+
+    async def upload(
+        self, session_id: str, tenant: str, form: AsyncIterator[FormPart], cap: int
+    ) -> FileEntry:
+        return await self._on(session_id, tenant, lambda c, local: c.upload(local, form))
+
+    async def write_file(
+        self,
+        session_id: str,
+        tenant: str,
+        path: str,
+        chunks: AsyncIterator[bytes],
+        *,
+        read_only: bool = False,
+    ) -> FileEntry:
+        # Nodes are Sandbank servers, but the protocol carries no modes: as for any remote
+        # backend, a read-only file is made so by its mode (the store keeps the original).
+        entry = await self._on(
+            session_id, tenant, lambda c, local: c.write_file(local, path, chunks)
+        )
+        if read_only:
+            chmod = codec.tool_call("bash_code_execution", {"command": f"chmod 0444 '{_q(path)}'"})
+            await self.execute(session_id, tenant, chmod, 30)
+        return entry
+
+
+def _q(path: str) -> str:
+    return path.replace("'", "'\\''")

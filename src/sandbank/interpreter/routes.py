@@ -8,13 +8,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from sandbank.errors import AtCapacity, BadRequest
+from sandbank.errors import BadRequest
 from sandbank.files import content_type
-from sandbank.http import SSE_HEADERS, grouped_routes, untrusted_file_headers
+from sandbank.http.multipart import FormStream, is_multipart
+from sandbank.http.responses import SSE_HEADERS, untrusted_file_headers
+from sandbank.http.routing import grouped_routes
 from sandbank.interpreter import openapi, schemas
 from sandbank.interpreter.identity import Identity
 from sandbank.interpreter.service import InterpreterService
-from sandbank.multipart import FormStream, is_multipart
 from sandbank.store import User
 
 MAX_MESSAGE_BODY_SLACK = 4096  # JSON syntax and a `role` beside the content
@@ -22,15 +23,14 @@ INCLUDE_MESSAGES = "include_messages_from"  # GetSession's addition, read by the
 
 
 class InterpreterApi:
-    """Routes over a service that exists once the app has started (its store is async)."""
+    """The interpreter API's routes over its service; `identity` says who calls."""
 
-    def __init__(self, max_message_chars: int) -> None:
-        self.service: InterpreterService | None = None
-        self.identity: Identity | None = None
+    def __init__(
+        self, service: InterpreterService, identity: Identity, max_message_chars: int
+    ) -> None:
+        self.service = service
+        self.identity = identity
         self.max_message_chars = max_message_chars
-
-    def bind(self, service: InterpreterService, identity: Identity) -> None:
-        self.service, self.identity = service, identity
 
     def routes(self) -> list[Route]:
         r: list[tuple[str, Callable[[Request], Awaitable[Response]], str]] = [
@@ -52,8 +52,6 @@ class InterpreterApi:
         return grouped_routes([(path, method, fn) for path, fn, method in r])
 
     async def _caller(self, request: Request) -> tuple[InterpreterService, User]:
-        if self.service is None or self.identity is None:
-            raise AtCapacity("the server is starting", retry_after=2)
         return self.service, await self.identity.user(request)
 
     async def _in_session(self, request: Request) -> tuple[InterpreterService, User, str]:
@@ -61,8 +59,6 @@ class InterpreterApi:
         return service, user, schemas.session_id(request.path_params["session_id"])
 
     async def _service(self) -> InterpreterService:
-        if self.service is None:
-            raise AtCapacity("the server is starting", retry_after=2)
         return self.service
 
     # --- sessions ------------------------------------------------------------------------------

@@ -42,8 +42,9 @@ from sandbank.errors import (
 from sandbank.files import object_key, validate_stored_name
 from sandbank.interpreter.events import SessionEvents
 from sandbank.interpreter.files import SessionFiles
-from sandbank.leasing import FileEntry, Sandboxes
-from sandbank.sandbox.base import ExecResult, ToolCall
+from sandbank.protocol.calls import ExecResult, ToolCall
+from sandbank.protocol.sessions import FileEntry
+from sandbank.sandbox.port import Sandboxes, chunks_of, copy_out, exists, walk
 from sandbank.store import ChatSession, Message, SessionStatus, Store
 from sandbank.store.base import LeaseLost, Run, RunState
 
@@ -122,8 +123,8 @@ class SandboxWorkbench:
         return await self.sandboxes.execute(self.sandbox_id, self.owner, call, timeout_s)
 
     async def list_files(self) -> list[FileInfo]:
-        entries = await self.sandboxes.list_files(self.sandbox_id, self.owner)
-        return [FileInfo(e.path, e.size) for e in entries]
+        entries = await walk(self.sandboxes, self.sandbox_id, self.owner)
+        return [FileInfo(e.path, e.size_bytes) for e in entries]
 
 
 def answered(stored: list[Message], run: Run) -> bool:
@@ -412,19 +413,19 @@ class Runs:
 
     async def _lease(self, sid: str, owner: str, had_history: bool) -> tuple[Lease, bool]:
         lease = self.leases.get(sid)
-        if lease is not None and await self.sandboxes.exists(lease.sandbox_id, owner):
+        if lease is not None and await exists(self.sandboxes, lease.sandbox_id, owner):
             return lease, False
         if lease is None and self.settings.sandbox_url:
             # A shared backend: the sandbox another replica used for this session is ours too
             # (its files are placed again, as this replica knows nothing of what it holds).
             _, stored = await self.store.session_sandbox(sid)
-            if stored is not None and await self.sandboxes.exists(stored, owner):
+            if stored is not None and await exists(self.sandboxes, stored, owner):
                 lease = self.leases[sid] = Lease(stored, owner)
                 await self.store.note_sandbox(sid, self.replica, stored)
                 return lease, False
         # Earlier turns ran in a sandbox that is gone: its variables are lost.
         recreated = lease is not None or had_history
-        lease = Lease(await self.sandboxes.create(owner), owner)
+        lease = Lease((await self.sandboxes.create(owner)).id, owner)
         self.leases[sid] = lease
         await self.store.note_sandbox(sid, self.replica, lease.sandbox_id)
         return lease, recreated
@@ -452,16 +453,20 @@ class Runs:
                 except NotFound:
                     log.warning("session %s: file %s has no object", sid, record.filename)
                     continue
-                await self.sandboxes.put_file(
-                    lease.sandbox_id, owner, record.filename, path, record.origin == "user"
+                await self.sandboxes.write_file(
+                    lease.sandbox_id,
+                    owner,
+                    record.filename,
+                    chunks_of(path),
+                    read_only=record.origin == "user",
                 )
             lease.placed[record.filename] = record.updated_at
             placed_any = True
         return await self._snapshot(lease, owner) if placed_any else present
 
     async def _snapshot(self, lease: Lease, owner: str) -> dict[str, tuple[int, float]]:
-        entries = await self.sandboxes.list_files(lease.sandbox_id, owner)
-        return {e.path: (e.size, e.modified_at) for e in entries}
+        entries = await walk(self.sandboxes, lease.sandbox_id, owner)
+        return {e.path: (e.size_bytes, e.modified_at) for e in entries}
 
     async def _harvest(
         self, run: Run, owner: str, lease: Lease, before: dict[str, tuple[int, float]]
@@ -469,13 +474,13 @@ class Runs:
         """Save files the run created or changed; returns what was not saved, and why."""
         sid = run.session_id
         try:
-            entries = await self.sandboxes.list_files(lease.sandbox_id, owner)
+            entries = await walk(self.sandboxes, lease.sandbox_id, owner)
         except SessionNotFound:
             return []
         uploads = {r.filename for r in await self.store.list_files(sid) if r.origin == "user"}
         skipped: list[str] = []
         for entry in entries:
-            if before.get(entry.path) == (entry.size, entry.modified_at):
+            if before.get(entry.path) == (entry.size_bytes, entry.modified_at):
                 continue
             if entry.path in uploads:
                 continue  # a user's upload is never replaced by a run (read-only anyway)
@@ -496,14 +501,14 @@ class Runs:
         if existing is not None:
             remaining += existing.size
         cap = min(self.settings.put_file_max_bytes, remaining)
-        if entry.size > cap:
+        if entry.size_bytes > cap:
             raise QuotaError(
                 "larger than the file size limit"
                 if cap == self.settings.put_file_max_bytes
                 else "storage quota reached"
             )
         with tempfile.TemporaryFile() as tmp:
-            size = await self.sandboxes.read_file(lease.sandbox_id, owner, entry.path, tmp, cap)
+            size = await copy_out(self.sandboxes, lease.sandbox_id, owner, entry.path, tmp, cap)
             await anyio.to_thread.run_sync(tmp.seek, 0)
             await self.files.objects.put(object_key(run.session_id, name), tmp, size)
         record = await self.files.record(run.session_id, name, size, "assistant")

@@ -9,7 +9,7 @@ from typing import Any
 
 from sandbank.errors import BadRequest
 from sandbank.files import validate_filename, validate_stored_name
-from sandbank.http import sse
+from sandbank.http.responses import sse
 from sandbank.interpreter.events import Event
 from sandbank.store import ChatSession, FileRecord, Message
 

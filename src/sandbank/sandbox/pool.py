@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections import deque
 
-from .backend import Backend, Sandbox
+from .backends.base import Backend, Sandbox
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_FAILURE = 5.0

@@ -1,0 +1,47 @@
+"""Request bodies read with a cap, so no client makes the server hold more than it allows."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+
+from ..errors import PayloadTooLarge, Unprocessable, UnsupportedMediaType
+
+MAX_JSON_BODY = 16 * 1024 * 1024
+
+
+def is_json(content_type: str | None) -> bool:
+    media = (content_type or "").split(";")[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+async def read_body(request: Request, cap: int) -> bytes:
+    """The whole body; `PayloadTooLarge` as soon as it passes `cap` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise PayloadTooLarge(f"the request body is larger than {cap} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > cap:
+            raise PayloadTooLarge(f"the request body is larger than {cap} bytes")
+    return bytes(body)
+
+
+async def json_body(request: Request, optional: bool = False, cap: int = MAX_JSON_BODY) -> Any:
+    """The request's JSON body, refusing other media types (a CSRF and confusion guard)."""
+    raw = await read_body(request, cap)
+    if not raw.strip():
+        if optional:
+            return None
+        raise Unprocessable("a JSON request body is required")
+    if not is_json(request.headers.get("content-type")):
+        raise UnsupportedMediaType("request bodies must be JSON (Content-Type: application/json)")
+    try:
+        return json.loads(raw)
+    except ValueError as e:
+        raise Unprocessable(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise Unprocessable("the request body is nested too deeply") from None

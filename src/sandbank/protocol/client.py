@@ -1,0 +1,257 @@
+"""A client of the code-execution protocol, over any transport: one per server it calls.
+
+Used by `sandbank exec`, by the remote sandboxes (`SANDBANK_SANDBOX_URL`) over httpx, and by a
+fleet front over its lean keep-alive client to each node. Answers are translated into the error
+tree: 404 `SessionNotFound`, 503 `AtCapacity`, 413 `PayloadTooLarge`, anything else unexpected
+`SandboxError`; a reply outside the protocol is a `ProtocolError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+from urllib.parse import quote, urlencode
+
+import httpx
+
+from ..errors import AtCapacity, PayloadTooLarge, SandboxError, SessionNotFound
+from ..protocol.calls import Display, Done, Event, ExecResult, Output, ToolCall
+from . import codec
+from .http1 import Reply, TransportFailed
+from .sessions import Download, FileEntry, FormPart, SessionInfo, SessionSpec
+
+Body = bytes | AsyncIterator[bytes] | None
+JSON = "application/json"
+
+
+class Transport(Protocol):
+    """One server's HTTP: `TransportFailed` when no answer could be had."""
+
+    async def request(
+        self,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: Body = None,
+        stream: bool = False,
+    ) -> Reply: ...
+
+
+class HttpxTransport:
+    """A transport over httpx (https, proxies, any server): for remote backends and the CLI."""
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float,
+        connect_timeout: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.client = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            transport=transport,
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+        )
+
+    async def request(
+        self,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: Body = None,
+        stream: bool = False,
+    ) -> Reply:
+        try:
+            request = self.client.build_request(method, target, headers=headers, content=body)
+            response = await self.client.send(request, stream=True)
+        except httpx.HTTPError as e:
+            raise TransportFailed(e.__class__.__name__) from e
+        replied = {k.lower(): v for k, v in response.headers.items()}
+        if stream:
+            return Reply(response.status_code, replied, stream=_chunks(response))
+        try:
+            content = await response.aread()
+        except httpx.HTTPError as e:
+            raise TransportFailed(e.__class__.__name__) from e
+        finally:
+            await response.aclose()
+        return Reply(response.status_code, replied, body=content)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+async def _chunks(response: httpx.Response) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in response.aiter_bytes():
+            yield chunk
+    except httpx.HTTPError as e:
+        raise TransportFailed(e.__class__.__name__) from e
+    finally:
+        await response.aclose()
+
+
+class ExecClient:
+    """The protocol's operations on one server; `authorization` is sent with each request."""
+
+    def __init__(self, transport: Transport, authorization: str | None = None) -> None:
+        self.transport = transport
+        self.headers = {"authorization": authorization} if authorization else {}
+
+    async def _send(
+        self,
+        method: str,
+        target: str,
+        body: Body = None,
+        content_type: str | None = None,
+        stream: bool = False,
+        accept: str | None = None,
+    ) -> Reply:
+        headers = dict(self.headers)
+        if content_type is not None:
+            headers["content-type"] = content_type
+        if accept is not None:
+            headers["accept"] = accept
+        reply = await self.transport.request(method, target, headers, body, stream)
+        if reply.status >= 400:
+            if reply.stream is not None:
+                reply.body = b"".join([chunk async for chunk in reply.stream])
+            raise error_of(reply)
+        return reply
+
+    async def create(self, spec: SessionSpec | None = None) -> SessionInfo:
+        body = json.dumps(codec.encode_create(spec or SessionSpec())).encode()
+        reply = await self._send("POST", "/sessions", body, JSON)
+        return codec.decode_handle(_json(reply, "CreateSession"))
+
+    async def execute(self, session_id: str, call: ToolCall, timeout_s: float | None) -> ExecResult:
+        started = time.monotonic()
+        body = json.dumps(codec.encode_call(call, timeout_s)).encode()
+        reply = await self._send("POST", f"/sessions/{quote(session_id)}/exec", body, JSON)
+        elapsed = round((time.monotonic() - started) * 1000)
+        return codec.decode_result(_json(reply, "Execute"), elapsed)
+
+    async def stream(
+        self, session_id: str, call: ToolCall, timeout_s: float, interrupt: bool = False
+    ) -> AsyncIterator[Event]:
+        """A streamed Execute (Server-Sent Events): output and displays, then `Done`."""
+        body = json.dumps(codec.encode_call(call, timeout_s)).encode()
+        target = f"/sessions/{quote(session_id)}/exec"
+        if interrupt:
+            target += "?on_disconnect=interrupt"
+        reply = await self._send(
+            "POST", target, body, JSON, stream=True, accept="text/event-stream"
+        )
+        assert reply.stream is not None
+        async for kind, data in _events(reply.stream):
+            with codec.malformed("streamed Execute"):
+                if kind in ("stdout", "stderr"):
+                    yield Output(kind, codec.text(data["text"]))  # type: ignore[arg-type]
+                elif kind == "display":
+                    yield Display(codec.decode_bundle(data))
+                elif kind == "result":
+                    yield Done(codec.decode_result(data))
+                    return
+
+    async def destroy(self, session_id: str) -> None:
+        with contextlib.suppress(SessionNotFound):  # already gone: the desired state
+            await self._send("DELETE", f"/sessions/{quote(session_id)}")
+
+    async def list_files(self, session_id: str, path: str = ".") -> tuple[list[FileEntry], bool]:
+        target = f"/sessions/{quote(session_id)}/files/list?{urlencode({'path': path})}"
+        return codec.decode_listing(_json(await self._send("GET", target), "ListFiles"))
+
+    async def read_file(self, session_id: str, path: str) -> Download:
+        target = f"/sessions/{quote(session_id)}/files?{urlencode({'path': path})}"
+        reply = await self._send("GET", target, stream=True)
+        assert reply.stream is not None
+        size = reply.headers.get("content-length", "")
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        return Download(name, int(size) if size.isdigit() else -1, reply.stream)
+
+    async def upload(self, session_id: str, form: AsyncIterator[FormPart]) -> FileEntry:
+        boundary = "sandbank-" + secrets.token_hex(16)
+        reply = await self._send(
+            "POST",
+            f"/sessions/{quote(session_id)}/files",
+            _multipart(form, boundary),
+            f"multipart/form-data; boundary={boundary}",
+        )
+        return codec.decode_file(_json(reply, "PutFile"))
+
+    async def write_file(
+        self, session_id: str, path: str, chunks: AsyncIterator[bytes]
+    ) -> FileEntry:
+        return await self.upload(session_id, _form(path, chunks))
+
+
+async def _form(path: str, chunks: AsyncIterator[bytes]) -> AsyncIterator[FormPart]:
+    yield "path", None, _once(path.encode())
+    yield "file", path.rsplit("/", 1)[-1], chunks
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def _multipart(form: AsyncIterator[FormPart], boundary: str) -> AsyncIterator[bytes]:
+    async for name, filename, chunks in form:
+        disposition = f'form-data; name="{_quoted(name)}"'
+        if filename is not None:
+            disposition += f'; filename="{_quoted(filename)}"'
+        head = f"--{boundary}\r\ncontent-disposition: {disposition}\r\n"
+        if filename is not None:
+            head += "content-type: application/octet-stream\r\n"
+        yield (head + "\r\n").encode()
+        async for chunk in chunks:
+            yield chunk
+        yield b"\r\n"
+    yield f"--{boundary}--\r\n".encode()
+
+
+def _quoted(value: str) -> str:
+    """A name in a Content-Disposition parameter: quotes and line breaks cannot break out."""
+    return value.replace("\\", "\\\\").replace('"', "%22").replace("\r", "%0D").replace("\n", "%0A")
+
+
+async def _events(stream: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, Any]]:
+    """Server-Sent Events as (event, JSON data)."""
+    buffer = b""
+    async for chunk in stream:
+        buffer += chunk
+        while b"\n\n" in buffer:
+            block, buffer = buffer.split(b"\n\n", 1)
+            kind, data = "message", []
+            for line in block.decode("utf-8", "replace").split("\n"):
+                if line.startswith("event:"):
+                    kind = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].removeprefix(" "))
+            if data:
+                with codec.malformed("streamed Execute"):
+                    yield kind, json.loads("\n".join(data))
+
+
+def _json(reply: Reply, operation: str) -> Any:
+    with codec.malformed(operation):
+        return reply.json()
+
+
+def error_of(reply: Reply) -> Exception:
+    """A protocol error answer as an error of our tree."""
+    try:
+        detail = str(json.loads(reply.body).get("detail") or reply.body[:500].decode())
+    except (ValueError, AttributeError):
+        detail = reply.body[:500].decode("utf-8", "replace")
+    if reply.status == 404:
+        return SessionNotFound(detail)
+    if reply.status == 503:
+        retry = reply.headers.get("retry-after", "5")
+        return AtCapacity(detail, retry_after=int(retry) if retry.isdigit() else 5)
+    if reply.status == 413:
+        return PayloadTooLarge(detail)
+    return SandboxError(f"the sandbox backend answered {reply.status}: {detail}")

@@ -1,0 +1,52 @@
+"""Sessions as clients see them: what they ask for, their handles, and their files."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from ..egress.policy import NetworkPolicy
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What a client may ask of a new session: hints, clamped to the operator's ceilings."""
+
+    idle_timeout: int | None = None
+    max_lifetime: int | None = None
+    network: NetworkPolicy | None = None  # None: the operator's default policy
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A session's handle: its id, lifetimes in force and network policy."""
+
+    id: str
+    idle_timeout: int
+    max_lifetime: int
+    created_at: float
+    last_activity_at: float
+    network: NetworkPolicy = field(default_factory=NetworkPolicy)
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One entry of a workspace directory (`path` workspace-relative, `/`-separated)."""
+
+    path: str
+    size_bytes: int
+    modified_at: float
+    is_dir: bool = False
+
+
+@dataclass
+class Download:
+    """A file being sent: its name, the size announced, and its bytes (at most that size)."""
+
+    name: str
+    size: int
+    chunks: AsyncIterator[bytes]
+
+
+# A multipart form as the door read it: (field name, file name, its bytes), in order.
+FormPart = tuple[str, str | None, AsyncIterator[bytes]]

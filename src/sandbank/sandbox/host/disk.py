@@ -1,0 +1,195 @@
+"""Workspace disks: a loop-mounted ext4 image per sandbox, so a full disk is ENOSPC, not OOM."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+from ...errors import IsolationUnavailable, SandboxError
+
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+
+
+def _run(argv: list[str]) -> None:
+    try:
+        proc = subprocess.run(argv, env=_ENV, capture_output=True, timeout=60, check=False)
+    except FileNotFoundError as e:
+        raise IsolationUnavailable(
+            f"{argv[0]} is missing: install Debian's e2fsprogs and mount packages"
+        ) from e
+    if proc.returncode != 0:
+        err = proc.stderr.decode(errors="replace").strip()
+        raise SandboxError(f"{argv[0]} failed: {err}")
+
+
+def create(image: Path, mountpoint: Path, size_bytes: int, uid: int) -> None:
+    """Make a sparse ext4 image owned by `uid` and mount it (nosuid, nodev) at `mountpoint`."""
+    with open(image, "wb") as f:
+        f.truncate(size_bytes)
+    _run(
+        [
+            "mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
+            "-E", f"root_owner={uid}:{uid},nodiscard", str(image),
+        ]
+    )  # fmt: skip
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    _run(["mount", "-o", "loop,nosuid,nodev", str(image), str(mountpoint)])
+    with contextlib.suppress(OSError):
+        (mountpoint / "lost+found").rmdir()
+    os.chmod(mountpoint, 0o700)
+
+
+def destroy(image: Path, mountpoint: Path) -> None:
+    """Unmount and delete; a busy mount (a file still open on it) is detached lazily."""
+    if is_mounted(mountpoint):
+        unmount(str(mountpoint), lazy=True)
+    with contextlib.suppress(FileNotFoundError):
+        image.unlink()
+
+
+def is_mounted(path: Path) -> bool:
+    return str(path) in mounts_under(path.parent)
+
+
+def mounts_under(prefix: Path) -> list[str]:
+    """Mount points at or below `prefix`, from /proc/self/mountinfo."""
+    base = str(prefix).rstrip("/")
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].replace("\\040", " ")
+            if point == base or point.startswith(base + "/"):
+                found.append(point)
+    return found
+
+
+def unmount(point: str, lazy: bool = False) -> None:
+    """Unmount `point`; with `lazy`, detach it even while busy (freed when the last file closes)."""
+    try:
+        _run(["umount", point])
+    except SandboxError:
+        if not lazy:
+            raise
+        _run(["umount", "--lazy", point])
+
+
+def mount_image(image: Path, point: Path) -> None:
+    """Loop-mount an ext4 image read-only (nosuid, nodev) at `point`."""
+    _run(["mount", "-o", "loop,ro,nosuid,nodev", str(image), str(point)])
+
+
+def mount_tmpfs(point: Path, size_bytes: int, *, noexec: bool = False) -> None:
+    """A fresh tmpfs (nosuid, nodev) of at most `size_bytes` at `point`: one system call."""
+    flags = MS_NOSUID | MS_NODEV | (MS_NOEXEC if noexec else 0)
+    sys_mount("sandbank", point, "tmpfs", flags, f"size={size_bytes},mode=755")
+
+
+def remount_readonly(point: Path) -> None:
+    _run(["mount", "-o", "remount,ro,nosuid,nodev", str(point)])
+
+
+# --- the fast path: a copy of a formatted image, attached and mounted without a subprocess ---
+
+LOOP_CTL_GET_FREE = 0x4C82
+LOOP_CONFIGURE = 0x4C0A
+LO_FLAGS_AUTOCLEAR = 4  # the loop device detaches itself once unmounted
+_LOOP_INFO64_SIZE = 232
+_LO_FLAGS_OFFSET = 52  # of lo_flags in struct loop_info64
+_ATTACH_TRIES = 32
+
+
+def format_image(image: Path, size_bytes: int) -> None:
+    """A formatted, empty ext4 image that `create_from` copies (a few hundred KiB allocated)."""
+    with open(image, "wb") as f:
+        f.truncate(size_bytes)
+    _run(
+        [
+            "mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
+            "-E", "root_owner=0:0,nodiscard", str(image),
+        ]
+    )  # fmt: skip
+
+
+def create_from(formatted: Path, image: Path, mountpoint: Path, uid: int) -> None:
+    """What `create` does, from a copy of `formatted`: ~1 ms of copying instead of mkfs."""
+    _copy_sparse(formatted, image)
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    try:
+        _attach_and_mount(image, mountpoint)
+    except OSError:
+        # An older kernel (no LOOP_CONFIGURE) or no /dev/loop-control: mount(8) knows more.
+        _run(["mount", "-o", "loop,nosuid,nodev", str(image), str(mountpoint)])
+    with contextlib.suppress(OSError):
+        (mountpoint / "lost+found").rmdir()
+    os.chown(mountpoint, uid, uid)
+    os.chmod(mountpoint, 0o700)
+
+
+def _copy_sparse(src: Path, dst: Path) -> None:
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        fo.truncate(os.fstat(fi.fileno()).st_size)
+        pos = 0
+        while True:
+            try:
+                start = os.lseek(fi.fileno(), pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: no data past pos
+                return
+            end = os.lseek(fi.fileno(), start, os.SEEK_HOLE)
+            off = start
+            while off < end:
+                n = os.copy_file_range(fi.fileno(), fo.fileno(), end - off, off, off)
+                if n == 0:
+                    raise SandboxError(f"copying {src} stopped short")
+                off += n
+            pos = end
+
+
+def sys_mount(
+    source: str | None, target: Path, fstype: str | None, flags: int, data: str | None = None
+) -> None:
+    """mount(2) itself: no subprocess, and flags (such as MS_REMOUNT) mount(8) would rewrite."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+
+    def c(text: str | None) -> bytes | None:
+        return text.encode() if text is not None else None
+
+    if libc.mount(c(source), str(target).encode(), c(fstype), flags, c(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def _attach_and_mount(image: Path, mountpoint: Path) -> None:
+    import fcntl
+    import struct
+
+    info = bytearray(_LOOP_INFO64_SIZE)
+    struct.pack_into("I", info, _LO_FLAGS_OFFSET, LO_FLAGS_AUTOCLEAR)
+    ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for _ in range(_ATTACH_TRIES):  # another process may take the free device first
+            n = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
+            loop = os.open(f"/dev/loop{n}", os.O_RDWR | os.O_CLOEXEC)
+            try:
+                config = struct.pack("II", backing, 0) + bytes(info) + bytes(64)
+                try:
+                    fcntl.ioctl(loop, LOOP_CONFIGURE, config)
+                except OSError as e:
+                    if e.errno == errno.EBUSY:
+                        continue
+                    raise
+                sys_mount(f"/dev/loop{n}", mountpoint, "ext4", MS_NOSUID | MS_NODEV)
+                return
+            finally:
+                os.close(loop)  # with AUTOCLEAR, the mount now holds the device
+        raise OSError(errno.EBUSY, "no free loop device")
+    finally:
+        os.close(backing)
+        os.close(ctl)

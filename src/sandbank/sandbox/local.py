@@ -1,0 +1,337 @@
+"""The sandbox port on this machine: sessions over one backend and its warm pool.
+
+Owns the sessions' lifetimes, call ordering, capacity and reaping; the backend makes the
+sandboxes and holds their host resources. Nothing here knows about HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from ..config import Settings
+from ..egress.config import EgressConfig
+from ..errors import AtCapacity, SessionNotFound
+from ..protocol.calls import (
+    RC_TIMEOUT,
+    Display,
+    Done,
+    Event,
+    ExecResult,
+    OnEvent,
+    Output,
+    RestartReason,
+    ToolCall,
+)
+from ..protocol.sessions import Download, FileEntry, FormPart, SessionInfo, SessionSpec
+from . import files
+from .backends import backend_for
+from .backends.base import Backend
+from .pool import WarmPool
+from .sessions import ExecSession, victim
+from .supervisor import restore_root
+
+log = logging.getLogger(__name__)
+
+
+class Hooks(Protocol):
+    """What is told of the local sandboxes as it happens (the metrics listen)."""
+
+    def created(self) -> None: ...
+    def refused(self) -> None: ...
+    def executed(self, call: ToolCall, result: ExecResult, seconds: float) -> None: ...
+    def destroyed(self) -> None: ...
+    def restarted(self, reason: RestartReason) -> None: ...
+
+
+class NoHooks:
+    """Nobody listens."""
+
+    def created(self) -> None:
+        pass
+
+    def refused(self) -> None:
+        pass
+
+    def executed(self, call: ToolCall, result: ExecResult, seconds: float) -> None:
+        pass
+
+    def destroyed(self) -> None:
+        pass
+
+    def restarted(self, reason: RestartReason) -> None:
+        pass
+
+
+class LocalSandboxes:
+    """Sessions on this machine's backend (`SANDBANK_ISOLATION`, or the one handed in)."""
+
+    def __init__(
+        self, settings: Settings, backend: Backend | None = None, hooks: Hooks | None = None
+    ) -> None:
+        self.settings = settings
+        self.backend = backend or backend_for(settings)
+        self.hooks: Hooks = hooks or NoHooks()
+        self.egress = EgressConfig.from_settings(settings)
+        self.pool = WarmPool(self.backend, settings.pool_size, settings.pool_preimport)
+        self._sessions: dict[str, ExecSession] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+        self._reaper: asyncio.Task[None] | None = None
+        self._sweeping: asyncio.Future[None] | None = None
+        self._sweep_again = False
+        self._accepting = False
+
+    # --- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        self.backend.check()
+        await self.backend.prepare()
+        self.pool.start()
+        self._reaper = asyncio.create_task(self._reap_forever())
+        self._accepting = True
+
+    async def close(self) -> None:
+        """Stop taking work, end running calls with a result, remove every sandbox."""
+        self._accepting = False
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for sid in list(self._sessions):
+            self._destroy_in_background(sid)
+        await self.pool.close()
+        await self.drain()
+        await self.backend.close()
+
+    async def drain(self) -> None:
+        """Wait until every destroy started so far has finished."""
+        while self._closing:
+            await asyncio.gather(*list(self._closing), return_exceptions=True)
+
+    def status(self) -> dict[str, int]:
+        return {"pool_ready": self.pool.ready}
+
+    def healthy(self) -> bool:
+        return self._accepting
+
+    # --- sessions ------------------------------------------------------------------------
+    async def create(self, tenant: str, spec: SessionSpec | None = None) -> SessionInfo:
+        """A new session; `spec.network` is a client's hint, clamped to the operator's ceiling."""
+        try:
+            session = await self._create(tenant, spec or SessionSpec())
+        except AtCapacity:
+            self.hooks.refused()
+            raise
+        self.hooks.created()
+        return session.info()
+
+    async def _create(self, tenant: str, spec: SessionSpec) -> ExecSession:
+        if not self._accepting:
+            raise AtCapacity("the server is shutting down", retry_after=30)
+        s = self.settings
+        reclaim = victim(
+            list(self._sessions.values()),
+            tenant,
+            s.max_sessions,
+            s.max_sessions_per_tenant or s.max_sessions,
+        )
+        if reclaim is not None:
+            log.info("reclaiming least recently used session to make room")
+            self._destroy_in_background(reclaim.id)
+        sandbox = await self.pool.take()
+        sandbox.on_restart = self._restarted
+        session = ExecSession(
+            id=secrets.token_urlsafe(18),
+            tenant=tenant,
+            sandbox=sandbox,
+            idle_timeout=min(spec.idle_timeout or s.idle_timeout_default, s.idle_timeout_max),
+            max_lifetime=min(spec.max_lifetime or s.max_lifetime_default, s.max_lifetime_max),
+            network=self.egress.effective(spec.network),
+        )
+        if self.backend.egress_proxy is not None:
+            self.backend.egress_proxy.lease(sandbox.id, session.id, session.network)
+        self._sessions[session.id] = session
+        return session
+
+    def _restarted(self, reason: RestartReason) -> None:
+        """A session's interpreter is being replaced (its state is lost, its files kept)."""
+        log.info("a session's interpreter is restarted (%s)", reason)
+        self.hooks.restarted(reason)
+
+    def session(self, session_id: str, tenant: str) -> ExecSession:
+        """The session, touched; `SessionNotFound` for an unknown one or another tenant's."""
+        session = self._sessions.get(session_id)
+        # Another tenant's session does not exist for this caller.
+        if session is None or not secrets.compare_digest(session.tenant, tenant):
+            raise SessionNotFound(f"no session {session_id!r}")
+        session.touch()
+        return session
+
+    async def get(self, session_id: str, tenant: str) -> SessionInfo:
+        return self.session(session_id, tenant).info()
+
+    def sessions(self) -> list[ExecSession]:
+        return list(self._sessions.values())
+
+    async def execute(
+        self,
+        session_id: str,
+        tenant: str,
+        call: ToolCall,
+        timeout: float,
+        on_event: OnEvent | None = None,
+    ) -> ExecResult:
+        arrival = time.monotonic()
+        deadline = arrival + timeout
+        session = self.session(session_id, tenant)
+        session.inflight += 1
+        try:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await session.lock.acquire()
+            except TimeoutError:
+                result = ExecResult(
+                    stderr="[sandbank] timed out waiting for the session's earlier calls\n",
+                    return_code=RC_TIMEOUT,
+                    duration_ms=int((time.monotonic() - arrival) * 1000),
+                )
+            else:
+                try:
+                    result = await session.sandbox.execute(call, deadline, on_event)
+                finally:
+                    session.lock.release()
+        finally:
+            session.inflight -= 1
+            session.touch()
+        self.hooks.executed(call, result, time.monotonic() - arrival)
+        return result
+
+    async def stream(
+        self,
+        session_id: str,
+        tenant: str,
+        call: ToolCall,
+        timeout: float,
+        *,
+        cancel_on_close: bool = False,
+    ) -> AsyncIterator[Event]:
+        self.session(session_id, tenant)  # an unknown session: raised at the first event
+        queue: asyncio.Queue[Output | Display | None] = asyncio.Queue()
+        running = asyncio.ensure_future(
+            self.execute(session_id, tenant, call, timeout, queue.put_nowait)
+        )
+        running.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (event := await queue.get()) is not None:
+                yield event
+            yield Done(running.result())
+        finally:
+            if cancel_on_close and not running.done():
+                running.cancel()  # the sandbox interrupts the code and keeps the session in step
+
+    async def destroy(self, session_id: str, tenant: str) -> None:
+        session = self._sessions.get(session_id)
+        if session is None or not secrets.compare_digest(session.tenant, tenant):
+            return
+        self._destroy_in_background(session_id)
+        self.hooks.destroyed()
+
+    def _destroy_in_background(self, session_id: str) -> None:
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return
+        task = asyncio.create_task(self._close(session))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _close(self, session: ExecSession) -> None:
+        # A client's open download or upload must not keep the workspace's disk busy.
+        for open_file in list(session.open_files):
+            open_file.close()
+        try:
+            await session.sandbox.close()
+        except Exception:
+            log.exception("failed to remove a sandbox cleanly; the sweep retries")
+        await self.sweep()  # reap its orphaned processes now
+
+    # --- files ---------------------------------------------------------------------------
+    async def list_files(
+        self, session_id: str, tenant: str, path: str, limit: int
+    ) -> tuple[list[FileEntry], bool]:
+        return await files.list_files(self.session(session_id, tenant), path, limit)
+
+    async def read_file(self, session_id: str, tenant: str, path: str) -> Download:
+        return await files.open_download(self.session(session_id, tenant), path)
+
+    async def upload(
+        self, session_id: str, tenant: str, form: AsyncIterator[FormPart], cap: int
+    ) -> FileEntry:
+        return await files.upload(self.session(session_id, tenant), form, cap)
+
+    async def write_file(
+        self,
+        session_id: str,
+        tenant: str,
+        path: str,
+        chunks: AsyncIterator[bytes],
+        *,
+        read_only: bool = False,
+    ) -> FileEntry:
+        session = self.session(session_id, tenant)
+        if read_only:
+            await _share_root(session)
+        return await files.write_file(session, path, chunks, read_only)
+
+    # --- reaping -------------------------------------------------------------------------
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reaper_interval_seconds)
+            self.reap()
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("the sweep for leftovers failed; the next one retries")
+
+    def reap(self, now: float | None = None) -> None:
+        """Destroy the sessions expired at `now` (default: the current time)."""
+        now = time.time() if now is None else now
+        for session in list(self._sessions.values()):
+            reason = session.expired(now)
+            if reason:
+                log.info("reclaiming a session: %s", reason)
+                self._destroy_in_background(session.id)
+
+    async def sweep(self) -> None:
+        """The backend's sweep for leftovers, off the event loop, one at a time.
+
+        It reads /proc and the mount table, which grow with the sessions: a burst of destroys
+        shares sweeps rather than running one each. A caller returns after a sweep that started
+        after its call.
+        """
+        if self._sweeping is not None and not self._sweeping.done():
+            self._sweep_again = True
+        else:
+            self._sweeping = asyncio.ensure_future(self._sweep_until_quiet())
+        await asyncio.shield(self._sweeping)
+
+    async def _sweep_until_quiet(self) -> None:
+        while True:
+            self._sweep_again = False
+            await asyncio.to_thread(self.backend.sweep)
+            if not self._sweep_again:
+                return
+
+
+async def _share_root(session: ExecSession) -> None:
+    """The workspace root becomes the server's, writable by the sandbox's group and sticky, so
+    files placed read-only cannot be renamed or deleted by the session's code."""
+    sandbox = session.sandbox
+    # The unisolated development mode runs code as the server's own user: nothing to arrange.
+    policy = (0, sandbox.uid, files.SHARED_ROOT_MODE)
+    if sandbox.root_policy is not None and sandbox.root_policy != policy:
+        sandbox.root_policy = policy
+        await asyncio.to_thread(restore_root, sandbox.workspace, *policy)

@@ -1,0 +1,165 @@
+"""The sandbox port: what every door (both APIs, the agent, the CLI) asks of sandboxes.
+
+Implemented by `local.LocalSandboxes` (this machine's backend and pool; over the fake backend in
+tests), `remote.RemoteSandboxes` (any code-execution API) and `fleet.sandboxes.FleetSandboxes`
+(many nodes). Sessions are addressed by id and scoped by `tenant`: another tenant's session does
+not exist for a caller. Every method raises `SessionNotFound` for an unknown session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import IO, Protocol
+
+from ..errors import PayloadTooLarge, SessionNotFound
+from ..protocol.calls import Event, ExecResult, ToolCall
+from ..protocol.sessions import Download, FileEntry, FormPart, SessionInfo, SessionSpec
+
+# Names under these never count as a user's or a run's files (staging, caches, configs).
+HIDDEN_PREFIX = "."
+MAX_WALK_ENTRIES = 5000  # a run that makes more files than this has them listed partly
+
+
+class Sandboxes(Protocol):
+    """Leased sandboxes, addressed by id and scoped by tenant."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None:
+        """End every session this provider holds and give back what it holds."""
+        ...
+
+    def healthy(self) -> bool:
+        """Whether a lease can be served now (False while shutting down)."""
+        ...
+
+    def status(self) -> dict[str, int]:
+        """Figures for a health check (the warm pool's ready sandboxes, say)."""
+        ...
+
+    async def create(self, tenant: str, spec: SessionSpec | None = None) -> SessionInfo:
+        """A new session; `AtCapacity` (with a retry delay) when there is no room."""
+        ...
+
+    async def get(self, session_id: str, tenant: str) -> SessionInfo: ...
+
+    async def execute(
+        self, session_id: str, tenant: str, call: ToolCall, timeout: float
+    ) -> ExecResult:
+        """Run one call within `timeout` seconds; a program's failure is a result."""
+        ...
+
+    def stream(
+        self,
+        session_id: str,
+        tenant: str,
+        call: ToolCall,
+        timeout: float,
+        *,
+        cancel_on_close: bool = False,
+    ) -> AsyncIterator[Event]:
+        """The call's output and displays as they come, then `Done` with its result.
+
+        The call runs on its own: closing the iterator early interrupts nothing, unless
+        `cancel_on_close` (then the call is interrupted and the session kept in step).
+        """
+        ...
+
+    async def destroy(self, session_id: str, tenant: str) -> None:
+        """End the session (in the background); an unknown one is not an error."""
+        ...
+
+    async def list_files(
+        self, session_id: str, tenant: str, path: str, limit: int
+    ) -> tuple[list[FileEntry], bool]:
+        """The entries of a workspace directory, and whether more than `limit` were left out."""
+        ...
+
+    async def read_file(self, session_id: str, tenant: str, path: str) -> Download: ...
+
+    async def upload(
+        self, session_id: str, tenant: str, form: AsyncIterator[FormPart], cap: int
+    ) -> FileEntry:
+        """PutFile: the form's `file` part at its `path` field (or its own name), whole or not
+        at all; `PayloadTooLarge` past `cap` bytes."""
+        ...
+
+    async def write_file(
+        self,
+        session_id: str,
+        tenant: str,
+        path: str,
+        chunks: AsyncIterator[bytes],
+        *,
+        read_only: bool = False,
+    ) -> FileEntry:
+        """Place a file, replacing one of that name. `read_only`: the session's code may read
+        it but not change, replace or delete it (a remote provider can only set its mode)."""
+        ...
+
+
+def visible(path: str) -> bool:
+    return not any(part.startswith(HIDDEN_PREFIX) for part in path.split("/"))
+
+
+async def exists(sandboxes: Sandboxes, session_id: str, tenant: str) -> bool:
+    try:
+        await sandboxes.get(session_id, tenant)
+    except SessionNotFound:
+        return False
+    return True
+
+
+async def walk(sandboxes: Sandboxes, session_id: str, tenant: str) -> list[FileEntry]:
+    """Every visible regular file of the workspace, recursively (symlinks are never followed)."""
+    found: list[FileEntry] = []
+    pending = ["."]
+    seen = 0
+    while pending:
+        entries, _ = await sandboxes.list_files(session_id, tenant, pending.pop(), MAX_WALK_ENTRIES)
+        for entry in entries:
+            if not visible(entry.path):
+                continue
+            seen += 1
+            if seen > MAX_WALK_ENTRIES:
+                return found
+            if entry.is_dir:
+                pending.append(entry.path)
+            else:
+                found.append(entry)
+    return found
+
+
+async def copy_out(
+    sandboxes: Sandboxes, session_id: str, tenant: str, path: str, dest: IO[bytes], cap: int
+) -> int:
+    """Copy a workspace file into `dest`; `PayloadTooLarge` past `cap` bytes."""
+    download = await sandboxes.read_file(session_id, tenant, path)
+    too_large = PayloadTooLarge(f"{path!r} is larger than {cap} bytes")
+    size = 0
+    try:
+        if download.size > cap:
+            raise too_large
+        async for chunk in download.chunks:
+            size += len(chunk)
+            if size > cap:
+                raise too_large
+            dest.write(chunk)
+    finally:
+        await _close(download.chunks)
+    return size
+
+
+async def chunks_of(path: Path, size: int = 256 * 1024) -> AsyncIterator[bytes]:
+    """A local file's bytes, read off the event loop."""
+    with path.open("rb") as f:
+        while chunk := await asyncio.to_thread(f.read, size):
+            yield chunk
+
+
+async def _close(chunks: AsyncIterator[bytes]) -> None:
+    closer = getattr(chunks, "aclose", None)
+    if closer is not None:
+        await closer()
