@@ -148,7 +148,9 @@ async def test_warm_pool_pre_imports_and_never_reuses_a_sandbox() -> None:
             await rt.destroy(first.id, "pool")
             await rt.destroy(second.id, "pool")
             await rt.drain()
-            third = rt.session((await rt.create("pool")).id, "pool")  # a destroyed sandbox never comes back
+            third = rt.session(
+                (await rt.create("pool")).id, "pool"
+            )  # a destroyed sandbox never comes back
             assert third.sandbox.id not in (first_id, second_id)
         finally:
             await rt.close()
