@@ -134,13 +134,13 @@ class Services:
         s = self.settings
         alone = self._lock_sqlite()
         self.store = store = await open_store(s)
-        failed = await store.fail_orphan_pending(RESTARTED)
+        failed = await store.runs.fail_orphan_pending(RESTARTED)
         if failed:
             log.warning("%d run(s) ended by the restart were marked ERROR", len(failed))
         if alone:
             # No other process serves this database: runs it held died with it, and are
             # continued now rather than once their leases expire.
-            taken = await store.expire_leases()
+            taken = await store.runs.expire_leases()
             if taken:
                 log.warning("%d run(s) of a server that stopped will be continued", taken)
         self.objects = objects = await open_object_store(s)

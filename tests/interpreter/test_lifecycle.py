@@ -62,7 +62,7 @@ def stored_session(server: Server, sid: str) -> ChatSession:
     async def read() -> ChatSession:
         store = await open_store(Settings(data_dir=server.data))
         try:
-            session = await store.get_session(sid)
+            session = await store.chats.get(sid)
         finally:
             await store.close()
         assert session is not None

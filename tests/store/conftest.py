@@ -1,4 +1,5 @@
-"""Fixtures: one `store` per test, parametrized over every `Store` implementation."""
+"""Fixtures: one `store` per test, parametrized over every implementation (memory, SQLite,
+PostgreSQL): the store's contract suite is every test that takes it."""
 
 from __future__ import annotations
 
