@@ -99,7 +99,7 @@ def test_a_migrated_database_is_current() -> None:
 
         # Let the server's own migrations create the schema, then read it as the doctor.
         async def migrate() -> None:
-            await (await open_store(s)).close()
+            await (open_store(s)).close()
 
         asyncio.run(migrate())
         assert "migrations current" in doctor.check_database(s)

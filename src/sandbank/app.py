@@ -45,7 +45,7 @@ from .metrics import MeteredModel, Metrics, SandboxHooks, endpoint
 from .sandbox.local import LocalSandboxes
 from .sandbox.port import Sandboxes
 from .startup import without_credentials
-from .store import Store, database_url
+from .store import Store, database_url, open_store
 from .store.lockfile import ServeLock
 from .web import site
 
@@ -87,18 +87,6 @@ def build_model(settings: Settings) -> Model | SandbankError:
         return type(e)(UNAVAILABLE)
 
 
-def open_store(settings: Settings) -> Store:
-    """The store the settings name, connected and migrated (`memory://` is the fake)."""
-    url = database_url(settings)
-    if url == "memory://":
-        from .store.memory import MemoryStore
-
-        return MemoryStore()
-    from .store.sql import SqlStore
-
-    return SqlStore.open(url)
-
-
 class Interpreter:
     """The interpreter API's parts: store, files, model, runs, the service and who calls."""
 
@@ -133,13 +121,13 @@ class Interpreter:
 
     async def start(self) -> None:
         alone = self._lock_sqlite()
-        failed = await self.store.fail_orphan_pending(RESTARTED)
+        failed = await self.store.runs.fail_orphan_pending(RESTARTED)
         if failed:
             log.warning("%d run(s) ended by the restart were marked ERROR", len(failed))
         if alone:
             # No other process serves this database: runs it held died with it, and are
             # continued now rather than once their leases expire.
-            taken = await self.store.expire_leases()
+            taken = await self.store.runs.expire_leases()
             if taken:
                 log.warning("%d run(s) of a server that stopped will be continued", taken)
         if self.owns_sandboxes:

@@ -84,7 +84,7 @@ def _admin(args: argparse.Namespace, action: Callable[[Store, Settings], Awaitab
     settings = _settings(args)
 
     async def run() -> None:
-        store = await open_store(settings)
+        store = await asyncio.to_thread(open_store, settings)
         try:
             await action(store, settings)
         finally:
@@ -119,8 +119,8 @@ def users_create(args: argparse.Namespace) -> int:
     name = valid_user_name(args.name)
 
     async def action(store: Store, settings: Settings) -> None:
-        user = await store.create_user(name)
-        _, secret = await store.create_key(user.name)
+        user = await store.accounts.create_user(name)
+        _, secret = await store.accounts.create_key(user.name)
         print(f"created user {user.name} ({user.id}); their API key (shown once):")
         print(secret)
 
@@ -131,9 +131,9 @@ async def _users(store: Store) -> list[tuple[str, str, float]]:
     """(name, id, created) of every user. Each user is created with a key, and keys are only
     removed with their user, so the keys name every user."""
     seen: dict[str, tuple[str, str, float]] = {}
-    for key in await store.list_keys():
+    for key in await store.accounts.list_keys():
         if key.user_name not in seen:
-            user = await store.get_user(key.user_name)
+            user = await store.accounts.get_user(key.user_name)
             if user is not None:
                 seen[user.name] = (user.name, user.id, user.created_at)
     return sorted(seen.values(), key=lambda u: u[2])
@@ -142,7 +142,7 @@ async def _users(store: Store) -> list[tuple[str, str, float]]:
 def users_list(args: argparse.Namespace) -> int:
     async def action(store: Store, settings: Settings) -> None:
         users = await _users(store)
-        keys = await store.list_keys()
+        keys = await store.accounts.list_keys()
         rows = []
         for name, user_id, created in users:
             active = sum(1 for k in keys if k.user_name == name and not k.revoked)
@@ -156,7 +156,7 @@ def users_delete(args: argparse.Namespace) -> int:
     async def action(store: Store, settings: Settings) -> None:
         from .files import open_object_store, session_prefix
 
-        session_ids = await store.delete_user(args.name)
+        session_ids = await store.accounts.delete_user(args.name)
         objects = open_object_store(settings)
         try:
             for session_id in session_ids:
@@ -173,7 +173,7 @@ def users_delete(args: argparse.Namespace) -> int:
 
 def keys_create(args: argparse.Namespace) -> int:
     async def action(store: Store, settings: Settings) -> None:
-        key, secret = await store.create_key(args.name)
+        key, secret = await store.accounts.create_key(args.name)
         print(f"created key {key.id} for {key.user_name}; the key (shown once):")
         print(secret)
 
@@ -183,7 +183,7 @@ def keys_create(args: argparse.Namespace) -> int:
 def keys_list(args: argparse.Namespace) -> int:
     async def action(store: Store, settings: Settings) -> None:
         rows = []
-        for key in await store.list_keys(args.name):
+        for key in await store.accounts.list_keys(args.name):
             state = f"revoked {_when(key.revoked_at)}" if key.revoked else "active"
             used = "never" if key.last_used_at is None else _when(key.last_used_at)
             rows.append([key.id, key.user_name, _when(key.created_at), used, state])
@@ -194,7 +194,7 @@ def keys_list(args: argparse.Namespace) -> int:
 
 def keys_revoke(args: argparse.Namespace) -> int:
     async def action(store: Store, settings: Settings) -> None:
-        await store.revoke_key(args.key_id)
+        await store.accounts.revoke_key(args.key_id)
         print(f"revoked key {args.key_id}")
 
     return _admin(args, action)
@@ -233,8 +233,8 @@ def sessions_list(args: argparse.Namespace) -> int:
         for name, user_id, _ in await _users(store):
             if args.name and name != args.name:
                 continue
-            for session in await store.list_sessions(user_id):
-                messages = await store.list_messages(session.id)
+            for session in await store.chats.of_user(user_id):
+                messages = await store.chats.messages(session.id)
                 first = next((m.content for m in messages if m.role == "user"), "")
                 rows.append(
                     (

@@ -14,8 +14,10 @@
     ├── Conflict                       409  conflict                  1030
     │   ├── RunInProgress              409  run_in_progress           1110
     │   ├── TooManyRuns                409  too_many_runs             1111
-    │   └── QuotaExceeded              409  quota_exceeded            1112
+    │   ├── QuotaExceeded              409  quota_exceeded            1112
+    │   └── LeaseLost                  409  lease_lost                1113
     ├── PayloadTooLarge                413  payload_too_large         1040
+    │   └── QuotaError                 413  quota_error               1041
     ├── AtCapacity                     503  at_capacity               1050
     ├── SandboxError                   500  sandbox_error             1060
     │   ├── ProtocolError              502  protocol_error            1062
@@ -157,12 +159,26 @@ class QuotaExceeded(Conflict):
     number = 1112
 
 
+class LeaseLost(Conflict):
+    """The replica no longer holds the run (taken over, or its session deleted): stop it."""
+
+    code = "lease_lost"
+    number = 1113
+
+
 class PayloadTooLarge(SandbankError):
     """A body or file is over its cap, or the workspace disk is full."""
 
     status = 413
     code = "payload_too_large"
     number = 1040
+
+
+class QuotaError(PayloadTooLarge):
+    """A file a run produced is not saved: over the file size limit or the storage quota."""
+
+    code = "quota_error"
+    number = 1041
 
 
 class AtCapacity(SandbankError):

@@ -38,7 +38,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def sqlite_store(tmp_path: Path) -> AsyncIterator[Store]:
-    store = await open_store(Settings(data_dir=tmp_path))
+    store = open_store(Settings(data_dir=tmp_path))
     try:
         yield store
     finally:
@@ -51,13 +51,13 @@ def _request(secret: str) -> Request:
 
 
 async def _last_used(store: Store) -> float | None:
-    return (await store.list_keys("alice"))[0].last_used_at
+    return (await store.accounts.list_keys("alice"))[0].last_used_at
 
 
 @pytest.mark.anyio
 async def test_a_busy_key_is_written_once_a_period(sqlite_store: Store) -> None:
-    await sqlite_store.create_user("alice")
-    _, secret = await sqlite_store.create_key("alice")
+    await sqlite_store.accounts.create_user("alice")
+    _, secret = await sqlite_store.accounts.create_key("alice")
     uses = KeyUse(sqlite_store, every=0.5)
     for _ in range(3):
         uses.note(secret)
@@ -78,8 +78,8 @@ async def test_a_busy_key_is_written_once_a_period(sqlite_store: Store) -> None:
 async def test_a_request_does_not_wait_for_a_busy_database_writer(
     sqlite_store: Store, tmp_path: Path
 ) -> None:
-    alice = await sqlite_store.create_user("alice")
-    _, secret = await sqlite_store.create_key("alice")
+    alice = await sqlite_store.accounts.create_user("alice")
+    _, secret = await sqlite_store.accounts.create_key("alice")
     identity = Identity(sqlite_store, Settings(data_dir=tmp_path))
     holder = sqlite3.connect(tmp_path / "sandbank.db", isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another process holds SQLite's one write lock
@@ -99,8 +99,8 @@ async def test_a_request_does_not_wait_for_a_busy_database_writer(
 async def test_a_failed_write_is_logged_and_the_request_served(
     sqlite_store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    alice = await sqlite_store.create_user("alice")
-    _, secret = await sqlite_store.create_key("alice")
+    alice = await sqlite_store.accounts.create_user("alice")
+    _, secret = await sqlite_store.accounts.create_key("alice")
     with sqlite3.connect(tmp_path / "sandbank.db") as db:
         db.execute("ALTER TABLE api_keys DROP COLUMN last_used_at")  # every write now fails
     identity = Identity(sqlite_store, Settings(data_dir=tmp_path))

@@ -60,9 +60,9 @@ def stored_session(server: Server, sid: str) -> ChatSession:
     """Read the session from the database directly (the server is down)."""
 
     async def read() -> ChatSession:
-        store = await open_store(Settings(data_dir=server.data))
+        store = open_store(Settings(data_dir=server.data))
         try:
-            session = await store.get_session(sid)
+            session = await store.chats.get(sid)
         finally:
             await store.close()
         assert session is not None

@@ -22,7 +22,7 @@ from sandbank.interpreter.files import SessionFiles
 from sandbank.interpreter.runs import HANDED_BACK, RESUME_NOTE, WORKER_LOST, Runs
 from sandbank.sandbox.backends.fake import FakeBackend
 from sandbank.sandbox.local import LocalSandboxes
-from sandbank.store.memory import MemoryStore
+from sandbank.store.memory import memory_store
 
 pytestmark = pytest.mark.anyio
 
@@ -53,7 +53,7 @@ class Fleet:
             shutdown_grace_seconds=0,
             pool_size=0,
         )  # type: ignore[call-arg]
-        self.store = MemoryStore()
+        self.store = memory_store()
         self.files = SessionFiles(self.store, MemoryObjectStore(), self.settings)
         self.replicas: list[Runs] = []
         self.backends: dict[str, FakeBackend] = {}
@@ -71,15 +71,16 @@ class Fleet:
         return runs
 
     async def question(self, runs: Runs, content: str = "why?") -> str:
-        user = await self.store.get_user("alice") or await self.store.create_user("alice")
-        session = await self.store.create_session(user.id, 3600)
+        accounts = self.store.accounts
+        user = await accounts.get_user("alice") or await accounts.create_user("alice")
+        session = await self.store.chats.create(user.id, 3600)
         await runs.begin(session, content)
         return session.id
 
     async def wait_until_ended(self, sid: str) -> tuple[str, str | None]:
         with anyio.fail_after(5):
             while True:
-                session = await self.store.get_session(sid)
+                session = await self.store.chats.get(sid)
                 assert session is not None
                 if session.status != "PENDING":
                     return session.status, session.status_message
@@ -108,7 +109,7 @@ async def test_a_run_taken_over_is_resumed_and_its_old_replica_writes_nothing(
     sid = await fleet.question(stalled)
     await anyio.sleep(0.05)  # r1 is waiting for its model
     run, stalled_task = stalled.active[sid].run, stalled.active[sid].task
-    await fleet.store.renew_runs("r1", [run.id], -1)  # r1 stalls past its lease
+    await fleet.store.runs.renew("r1", [run.id], -1)  # r1 stalls past its lease
 
     await resumer.tick()  # r2 claims the run (attempt 2) and resumes it
     assert await fleet.wait_until_ended(sid) == ("DONE", None)
@@ -119,9 +120,9 @@ async def test_a_run_taken_over_is_resumed_and_its_old_replica_writes_nothing(
     await stalled.tick()  # r1 learns it lost the run, and stops it
     await asyncio.wait({stalled_task}, timeout=5)
     assert stalled_task.done() and not stalled.active
-    contents = [m.content for m in await fleet.store.list_messages(sid)]
+    contents = [m.content for m in await fleet.store.chats.messages(sid)]
     assert contents[0] == "why?" and contents[-1] == "resumed"
-    assert await fleet.store.active_run(sid) is None
+    assert await fleet.store.runs.request_cancel(sid) == "none"  # no run left
 
 
 async def test_a_cancel_posted_to_another_replica_reaches_the_one_running(
@@ -135,15 +136,14 @@ async def test_a_cancel_posted_to_another_replica_reaches_the_one_running(
     try:
         with anyio.fail_after(5):
             await other.cancel(sid)
-        session = await fleet.store.get_session(sid)
+        session = await fleet.store.chats.get(sid)
         assert session is not None and (session.status, session.status_message) == (
             "ERROR",
             "cancelled",
         )
     finally:
         ticking.cancel()
-    ended = await fleet.store.get_run(run_id)
-    assert ended is not None and ended.state == "cancelled"
+    assert await fleet.store.runs.renew("r1", [run_id], 5) == {}  # ended: r1 holds it no more
 
 
 async def test_shutdown_hands_a_run_back_and_another_replica_finishes_it(
@@ -153,14 +153,14 @@ async def test_shutdown_hands_a_run_back_and_another_replica_finishes_it(
     staying = await fleet.replica(answering("finished elsewhere"), "r2")
     sid = await fleet.question(leaving)
     await anyio.sleep(0.05)
+    run_id = leaving.active[sid].run.id
     await leaving.shutdown(grace_s=0.05)
-    session = await fleet.store.get_session(sid)
+    session = await fleet.store.chats.get(sid)
     assert session is not None and (session.status, session.status_message) == (
         "PENDING",
         HANDED_BACK,
     )
-    run = await fleet.store.active_run(sid)
-    assert run is not None and (run.state, run.owner) == ("queued", None)
+    assert await fleet.store.runs.renew("r1", [run_id], 5) == {}  # queued, held by nobody
 
     await leaving.tick()  # a stopping replica claims nothing
     assert not leaving.active
@@ -182,10 +182,10 @@ async def test_a_post_to_a_full_replica_is_queued_for_one_with_room(fleet: Fleet
 async def test_a_run_lost_too_often_ends_as_an_error(fleet: Fleet) -> None:
     sid = await fleet.question(await fleet.replica(hanging(), "r0"))
     for index in range(1, 4):
-        await fleet.store.expire_leases()
-        claimed = await fleet.store.claim_runs(f"dead{index}", 1, 5)
+        await fleet.store.runs.expire_leases()
+        claimed = await fleet.store.runs.claim(f"dead{index}", 1, 5)
         assert [r.session_id for r in claimed] == [sid]
-    await fleet.store.expire_leases()
+    await fleet.store.runs.expire_leases()
     await (await fleet.replica(answering("never"), "r9")).tick()
     assert await fleet.wait_until_ended(sid) == ("ERROR", WORKER_LOST)
 
@@ -199,7 +199,7 @@ async def test_a_question_posted_elsewhere_runs_where_the_sessions_sandbox_is(
     )
     sid = await fleet.question(home)
     assert await fleet.wait_until_ended(sid) == ("DONE", None)
-    session = await fleet.store.get_session(sid)
+    session = await fleet.store.chats.get(sid)
     assert session is not None
 
     await elsewhere.begin(session, "again")  # queued for r1, which holds the sandbox
@@ -210,13 +210,13 @@ async def test_a_question_posted_elsewhere_runs_where_the_sessions_sandbox_is(
     assert len(fleet.backends["r1"].sandboxes) == 1 and not fleet.backends["r2"].sandboxes
 
     # r1 stops ticking (dead): after the wait, r2 takes the session's next question.
-    session = await fleet.store.get_session(sid)
+    session = await fleet.store.chats.get(sid)
     assert session is not None
     await elsewhere.begin(session, "and again")
     await anyio.sleep(3 * fleet.settings.run_poll_seconds + 0.05)
     await elsewhere.tick()
     assert await fleet.wait_until_ended(sid) == ("DONE", None)
-    assert (await fleet.store.list_messages(sid))[-1].content == "away"
+    assert (await fleet.store.chats.messages(sid))[-1].content == "away"
 
 
 async def test_an_answer_already_stored_is_never_given_twice(fleet: Fleet) -> None:
@@ -225,7 +225,7 @@ async def test_an_answer_already_stored_is_never_given_twice(fleet: Fleet) -> No
     sid = await fleet.question(stopping)
     await anyio.sleep(0.05)
     run = stopping.active[sid].run
-    await fleet.store.add_message(sid, "assistant", "the answer", False, fence=run)
+    await fleet.store.runs.add_message(run, "assistant", "the answer", False)
     await stopping.shutdown(grace_s=0)  # not handed back: it has answered
     assert await fleet.wait_until_ended(sid) == ("DONE", None)
 
@@ -234,10 +234,10 @@ async def test_an_answer_already_stored_is_never_given_twice(fleet: Fleet) -> No
     other = await fleet.question(dead)
     await anyio.sleep(0.05)
     dead_run = dead.active[other].run
-    await fleet.store.add_message(other, "assistant", "first", False, fence=dead_run)
-    await fleet.store.expire_leases()  # r2 died before recording the end
+    await fleet.store.runs.add_message(dead_run, "assistant", "first", False)
+    await fleet.store.runs.expire_leases()  # r2 died before recording the end
     await (await fleet.replica(model, "r3")).tick()
     assert await fleet.wait_until_ended(other) == ("DONE", None)
     assert model.calls == []
-    answers = [m.content for m in await fleet.store.list_messages(other) if m.role == "assistant"]
+    answers = [m.content for m in await fleet.store.chats.messages(other) if m.role == "assistant"]
     assert answers == ["first"]

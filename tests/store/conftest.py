@@ -1,4 +1,5 @@
-"""Fixtures: one `store` per test, parametrized over every `Store` implementation."""
+"""Fixtures: one `store` per test, parametrized over every implementation (memory, SQLite,
+PostgreSQL): the store's contract suite is every test that takes it."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 async def store(store_url: str, tmp_path: Path) -> AsyncIterator[Store]:
-    opened = await open_store(Settings(database_url=store_url, data_dir=tmp_path))  # type: ignore[arg-type]
+    opened = open_store(Settings(database_url=store_url, data_dir=tmp_path))  # type: ignore[arg-type]
     try:
         yield opened
     finally:

@@ -99,12 +99,12 @@ async def follow(
         while True:
             listener.wake.clear()
             texts = listener.take()  # before the store is read: its messages come after them
-            session = await store.get_session(session_id)
+            session = await store.chats.get(session_id)
             if session is None:
                 yield Event("end", reason="deleted")
                 return
             # The session is read before its messages: one seen ended comes with all of them.
-            messages = await store.list_messages(session_id, after)
+            messages = await store.chats.messages(session_id, after)
             out = [Event("text", step=step, text=text) for step, text in texts]
             out += [Event("message", message=m) for m in messages]
             if (session.status, session.status_message) != status:

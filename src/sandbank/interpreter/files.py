@@ -59,12 +59,12 @@ class SessionFiles:
         return self.objects if isinstance(self.objects, UploadReceiver) else None
 
     async def remaining_quota(self, user_id: str) -> int:
-        used = await self.store.user_stored_bytes(user_id)
+        used = await self.store.file_records.stored_bytes(user_id)
         return self.settings.max_stored_bytes_per_user - used
 
     async def upload_form(self, user_id: str, session_id: str, filename: str) -> PresignedPost:
         remaining = await self.remaining_quota(user_id)
-        existing = await self.store.get_file(session_id, filename)
+        existing = await self.store.file_records.get(session_id, filename)
         if existing is not None:
             remaining += existing.size  # it will be replaced
         if remaining <= 0:
@@ -77,7 +77,7 @@ class SessionFiles:
             object_key(session_id, filename), min(self.upload_cap, remaining), expiry
         )
         if self.receiver is None:
-            await self.store.note_upload(session_id, filename, time.time() + expiry)
+            await self.store.file_records.note_upload(session_id, filename, time.time() + expiry)
         return form
 
     async def reconcile(self, session_id: str) -> None:
@@ -85,27 +85,28 @@ class SessionFiles:
         if self.receiver is not None:
             return
         now = time.time()
-        for filename, expires in (await self.store.pending_uploads(session_id)).items():
+        records = self.store.file_records
+        for filename, expires in (await records.pending_uploads(session_id)).items():
             size = await self.objects.size(object_key(session_id, filename))
             if size is not None:
                 await self.record(session_id, filename, size, "user")
             if expires < now:
-                await self.store.drop_upload(session_id, filename)  # no upload can start now
+                await records.drop_upload(session_id, filename)  # no upload can start now
 
     async def record(self, session_id: str, filename: str, size: int, origin: Origin) -> FileRecord:
         """Record a file stored in the object store: an upload, or a file a run produced."""
-        record = await self.store.upsert_file(session_id, filename, size, origin)
+        record = await self.store.file_records.upsert(session_id, filename, size, origin)
         if self.on_file is not None:
             self.on_file("upload" if origin == "user" else "produced", size)
         return record
 
     async def list(self, session_id: str) -> list[FileRecord]:
         await self.reconcile(session_id)
-        return await self.store.list_files(session_id)
+        return await self.store.file_records.of_session(session_id)
 
     async def download_url(self, session_id: str, filename: str) -> str:
         await self.reconcile(session_id)
-        record = await self.store.get_file(session_id, filename)
+        record = await self.store.file_records.get(session_id, filename)
         if record is None:
             raise NotFound(f"no file {filename!r} in this session")
         if self.on_file is not None:
@@ -138,10 +139,10 @@ class SessionFiles:
             if declared is not None and declared > max_size + MULTIPART_SLACK:
                 raise PayloadTooLarge(f"the file is larger than the form allows ({max_size} bytes)")
             session_id, filename = session_of_key(key)
-            if await self.store.get_session(session_id) is None:
+            if await self.store.chats.get(session_id) is None:
                 raise NotFound("the session of this upload no longer exists")
             size = await receiver.receive_upload(key, chunks, max_size)
-            if await self.store.get_session(session_id) is None:
+            if await self.store.chats.get(session_id) is None:
                 await self.objects.delete(key)  # deleted while uploading
                 raise NotFound("the session of this upload no longer exists")
             await self.record(session_id, filename, size, "user")

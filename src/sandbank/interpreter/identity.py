@@ -11,8 +11,7 @@ from starlette.requests import Request
 
 from sandbank.config import Settings
 from sandbank.errors import Forbidden, SandbankError
-from sandbank.store import Store, User
-from sandbank.store.base import hash_secret
+from sandbank.store import Store, User, hash_secret
 
 log = logging.getLogger("sandbank.identity")
 # A key's last use is written at most this often: a busy key must not write on every request.
@@ -58,7 +57,7 @@ class KeyUse:
 
     async def _write(self, secret: str, at: float) -> None:
         try:
-            await self.store.key_used(secret, at)
+            await self.store.accounts.key_used(secret, at)
         except SandbankError as error:
             # Bookkeeping only: the request it came from has long been answered.
             log.warning("could not record an API key's use: %s", error.message)
@@ -85,16 +84,15 @@ class Identity:
             claimed = request.headers.get(self.header)
             if claimed:
                 # Proxies usually know the user's name; the id is accepted too.
-                user = await self.store.get_user(claimed) or await self.store.get_user_by_id(
-                    claimed
-                )
+                accounts = self.store.accounts
+                user = await accounts.get_user(claimed) or await accounts.get_user_by_id(claimed)
                 if user is None:
                     raise Forbidden(f"the proxy's user {claimed!r} is not a user here")
                 return user
         scheme, _, secret = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
             raise Forbidden("an API key is required: Authorization: Bearer <key>")
-        user = await self.store.authenticate(secret.strip())
+        user = await self.store.accounts.authenticate(secret.strip())
         if user is None:
             raise Forbidden("the API key was not accepted")
         self.key_use.note(secret.strip())

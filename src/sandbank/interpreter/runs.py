@@ -32,8 +32,10 @@ from sandbank.errors import (
     AtCapacity,
     BadRequest,
     Conflict,
+    LeaseLost,
     NotFound,
     PayloadTooLarge,
+    QuotaError,
     RunInProgress,
     SandbankError,
     SessionNotFound,
@@ -45,8 +47,7 @@ from sandbank.interpreter.files import SessionFiles
 from sandbank.protocol.calls import ExecResult, ToolCall
 from sandbank.protocol.sessions import FileEntry
 from sandbank.sandbox.port import Sandboxes, chunks_of, copy_out, exists, walk
-from sandbank.store import ChatSession, Message, SessionStatus, Store
-from sandbank.store.base import LeaseLost, Run, RunState
+from sandbank.store import ChatSession, Message, Run, RunState, SessionStatus, Store
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +101,11 @@ class StoreRecorder:
         self.events = events
 
     async def add_message(self, role: Role, content: str, internal: bool) -> None:
-        await self.store.add_message(self.run.session_id, role, content, internal, fence=self.run)
+        await self.store.runs.add_message(self.run, role, content, internal)
         self.events.changed(self.run.session_id)
 
     async def set_status(self, message: str) -> None:
-        await self.store.set_progress(self.run, message)
+        await self.store.runs.set_progress(self.run, message)
         self.events.changed(self.run.session_id)
 
     def text(self, step: int, delta: str) -> None:
@@ -187,7 +188,7 @@ class Runs:
         here = self._claiming and len(self.active) + self._reserved < s.runs_per_replica
         self._reserved += here
         try:
-            started = await self.store.start_run(
+            started = await self.store.runs.start(
                 session.id,
                 content,
                 max_per_user=s.max_runs_per_user,
@@ -223,7 +224,7 @@ class Runs:
 
     async def cancel(self, session_id: str) -> None:
         """Cancel the session's run wherever it runs; returns once it ended (bounded)."""
-        outcome = await self.store.request_cancel(session_id)
+        outcome = await self.store.runs.request_cancel(session_id)
         if outcome == "none":
             raise Conflict("no run is in progress in this session")
         if outcome == "ended":
@@ -236,7 +237,7 @@ class Runs:
         # Another replica runs it: it reads the flag on its next tick.
         deadline = time.monotonic() + STOP_WAIT_S
         while time.monotonic() < deadline:
-            session = await self.store.get_session(session_id)
+            session = await self.store.chats.get(session_id)
             if session is None or session.status != "PENDING":
                 return
             await asyncio.sleep(0.1)
@@ -290,7 +291,7 @@ class Runs:
         s = self.settings
         held = {a.run.id: a for a in self.active.values()}
         if held:
-            renewed = await self.store.renew_runs(self.replica, list(held), s.run_lease_seconds)
+            renewed = await self.store.runs.renew(self.replica, list(held), s.run_lease_seconds)
             for run_id, active in held.items():
                 if run_id not in renewed:
                     if not active.task.done() and active.stop_reason is None:
@@ -301,7 +302,7 @@ class Runs:
                     active.cancel.set()
         room = s.runs_per_replica - len(self.active) - self._reserved
         if self._claiming and room > 0 and not isinstance(self.model, SandbankError):
-            claimed = await self.store.claim_runs(
+            claimed = await self.store.runs.claim(
                 self.replica, room, s.run_lease_seconds, AFFINITY_TICKS * s.run_poll_seconds
             )
             for run in claimed:
@@ -326,7 +327,7 @@ class Runs:
         try:
             if run.attempts > MAX_ATTEMPTS:
                 raise SandbankError(WORKER_LOST)
-            stored = await self.store.list_messages(sid)
+            stored = await self.store.chats.messages(sid)
             question = next((m for m in stored if m.timestamp == run.question_at), None)
             if question is None:
                 raise LeaseLost(f"session {sid} is gone")
@@ -334,7 +335,7 @@ class Runs:
             if resumed and answered(stored, run):
                 # The answer was stored before the last replica stopped; only the end was not.
                 self._forget(run)
-                await self.store.finish_run(run, "DONE", None, "done")
+                await self.store.runs.finish(run, "DONE", None, "done")
                 self.events.changed(sid)
                 return
             # Resumed, the model sees the question and what another replica did, and goes on.
@@ -385,7 +386,7 @@ class Runs:
             message = f"internal error; the server logged it with error id {error_id}"
         self._forget(run)
         with contextlib.suppress(SandbankError):
-            await self.store.finish_run(run, status, message, state)
+            await self.store.runs.finish(run, status, message, state)
         self.events.changed(sid)
         if self.on_ended is not None:
             self.on_ended(state, steps)
@@ -398,9 +399,9 @@ class Runs:
         with contextlib.suppress(SandbankError):
             if reason == HANDED_BACK:
                 # Ends DONE instead when its answer is stored: an answer is never given twice.
-                await self.store.release_run(run, HANDED_BACK)
+                await self.store.runs.release(run, HANDED_BACK)
             elif reason:
-                await self.store.finish_run(run, "ERROR", reason, "error")
+                await self.store.runs.finish(run, "ERROR", reason, "error")
             elif reason == "":  # lost: its sandbox is of no use here any more
                 await self._drop(run.session_id, owner_of(run.user_id))
         self.events.changed(run.session_id)
@@ -418,16 +419,16 @@ class Runs:
         if lease is None and self.settings.sandbox_url:
             # A shared backend: the sandbox another replica used for this session is ours too
             # (its files are placed again, as this replica knows nothing of what it holds).
-            _, stored = await self.store.session_sandbox(sid)
+            _, stored = await self.store.chats.sandbox(sid)
             if stored is not None and await exists(self.sandboxes, stored, owner):
                 lease = self.leases[sid] = Lease(stored, owner)
-                await self.store.note_sandbox(sid, self.replica, stored)
+                await self.store.chats.note_sandbox(sid, self.replica, stored)
                 return lease, False
         # Earlier turns ran in a sandbox that is gone: its variables are lost.
         recreated = lease is not None or had_history
         lease = Lease((await self.sandboxes.create(owner)).id, owner)
         self.leases[sid] = lease
-        await self.store.note_sandbox(sid, self.replica, lease.sandbox_id)
+        await self.store.chats.note_sandbox(sid, self.replica, lease.sandbox_id)
         return lease, recreated
 
     async def _drop(self, sid: str, owner: str) -> None:
@@ -477,7 +478,9 @@ class Runs:
             entries = await walk(self.sandboxes, lease.sandbox_id, owner)
         except SessionNotFound:
             return []
-        uploads = {r.filename for r in await self.store.list_files(sid) if r.origin == "user"}
+        uploads = {
+            r.filename for r in await self.store.file_records.of_session(sid) if r.origin == "user"
+        }
         skipped: list[str] = []
         for entry in entries:
             if before.get(entry.path) == (entry.size_bytes, entry.modified_at):
@@ -497,7 +500,7 @@ class Runs:
     async def _save(self, run: Run, owner: str, lease: Lease, entry: FileEntry) -> None:
         name = validate_stored_name(entry.path)
         remaining = await self.files.remaining_quota(run.user_id)
-        existing = await self.store.get_file(run.session_id, name)
+        existing = await self.store.file_records.get(run.session_id, name)
         if existing is not None:
             remaining += existing.size
         cap = min(self.settings.put_file_max_bytes, remaining)
@@ -513,7 +516,3 @@ class Runs:
             await self.files.objects.put(object_key(run.session_id, name), tmp, size)
         record = await self.files.record(run.session_id, name, size, "assistant")
         lease.placed[name] = record.updated_at
-
-
-class QuotaError(SandbankError):
-    """A produced file not saved: too large, or past the user's storage quota."""

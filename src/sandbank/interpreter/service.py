@@ -29,7 +29,7 @@ class InterpreterService:
         self.settings = settings
 
     async def _owned(self, user: User, session_id: str) -> ChatSession:
-        session = await self.store.get_session(session_id)
+        session = await self.store.chats.get(session_id)
         if session is None:
             raise SessionNotFound(f"no session {session_id}")
         if session.user_id != user.id:
@@ -39,12 +39,12 @@ class InterpreterService:
     # --- sessions ------------------------------------------------------------------------------
     async def create_session(self, user: User) -> ChatSession:
         limit = self.settings.max_sessions_per_user
-        if await self.store.count_sessions(user.id) >= limit:
+        if await self.store.chats.count(user.id) >= limit:
             raise QuotaExceeded(f"you have {limit} sessions, the most allowed: delete some first")
-        return await self.store.create_session(user.id, self.settings.session_ttl_seconds)
+        return await self.store.chats.create(user.id, self.settings.session_ttl_seconds)
 
     async def list_sessions(self, user: User) -> list[ChatSession]:
-        return await self.store.list_sessions(user.id)
+        return await self.store.chats.of_user(user.id)
 
     async def get_session(self, user: User, session_id: str) -> ChatSession:
         return await self._owned(user, session_id)
@@ -55,7 +55,7 @@ class InterpreterService:
         """The session, then its non-internal messages after `after` (read in that order, so a
         session seen DONE comes with every message of its run)."""
         session = await self._owned(user, session_id)
-        messages = await self.store.list_messages(session_id, after)
+        messages = await self.store.chats.messages(session_id, after)
         return session, [m for m in messages if not m.internal]
 
     async def delete_session(self, user: User, session_id: str) -> None:
@@ -65,7 +65,7 @@ class InterpreterService:
     async def remove(self, session_id: str) -> None:
         """Stop its run and sandbox, then delete its messages, records and objects."""
         await self.runs.stop(session_id, None)
-        await self.store.delete_session(session_id)
+        await self.store.chats.delete(session_id)
         await self.files.forget(session_id)
 
     async def cancel(self, user: User, session_id: str) -> ChatSession:
@@ -78,7 +78,7 @@ class InterpreterService:
         while True:
             await asyncio.sleep(self.settings.session_expiry_interval_seconds)
             try:
-                for session_id in await self.store.expired_sessions(time.time()):
+                for session_id in await self.store.chats.expired(time.time()):
                     log.info("session %s expired: deleting it", session_id)
                     await self.remove(session_id)
             except SandbankError as e:
@@ -90,7 +90,7 @@ class InterpreterService:
 
     async def messages(self, user: User, session_id: str, after: float | None) -> list[Message]:
         await self._owned(user, session_id)
-        return await self.store.list_messages(session_id, after)
+        return await self.store.chats.messages(session_id, after)
 
     async def events(
         self, user: User, session_id: str, after: float | None

@@ -1,33 +1,41 @@
-"""Sessions, messages, users, API keys and file records: the `Store` interface and its chooser."""
+"""Users, chats, runs and file records: the `Store` of aggregates, and its chooser."""
 
 from __future__ import annotations
 
-import anyio.to_thread
-
 from sandbank.config import Settings
-from sandbank.store.base import (
+from sandbank.store.interfaces import Accounts, Chats, FileRecords, RunQueue, Store
+from sandbank.store.records import (
     ApiKey,
     ChatSession,
     FileRecord,
     Message,
     Origin,
     Role,
+    Run,
+    RunState,
     SessionStatus,
-    Store,
     User,
+    hash_secret,
 )
 
 __all__ = [
+    "Accounts",
     "ApiKey",
     "ChatSession",
+    "Chats",
     "FileRecord",
+    "FileRecords",
     "Message",
     "Origin",
     "Role",
+    "Run",
+    "RunQueue",
+    "RunState",
     "SessionStatus",
     "Store",
     "User",
     "database_url",
+    "hash_secret",
     "open_store",
 ]
 
@@ -38,13 +46,15 @@ def database_url(settings: Settings) -> str:
     return url or f"sqlite:///{(settings.data_dir / 'sandbank.db').resolve()}"
 
 
-async def open_store(settings: Settings) -> Store:
-    """The store the settings name, connected and migrated (`memory://` is the fake)."""
+def open_store(settings: Settings) -> Store:
+    """The store the settings name, connected and migrated (`memory://` is the fake).
+
+    Blocking: called while the app is put together, before it serves (or from a thread)."""
     url = database_url(settings)
     if url == "memory://":
-        from sandbank.store.memory import MemoryStore
+        from sandbank.store.memory import memory_store
 
-        return MemoryStore()
-    from sandbank.store.sql import SqlStore
+        return memory_store()
+    from sandbank.store.sql import Database, sql_store
 
-    return await anyio.to_thread.run_sync(SqlStore.open, url)
+    return sql_store(Database.open(url))

@@ -1,0 +1,56 @@
+"""Chats and their messages in memory."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from sandbank.errors import NotFound
+from sandbank.store.memory.state import MemoryState
+from sandbank.store.records import ChatSession, Message
+
+
+class MemoryChats:
+    """The `Chats` of a `MemoryState`."""
+
+    def __init__(self, state: MemoryState) -> None:
+        self.state = state
+
+    async def create(self, user_id: str, ttl_seconds: float) -> ChatSession:
+        if user_id not in self.state.users:
+            raise NotFound(f"no user with id {user_id!r}")
+        now = time.time()
+        chat = ChatSession(str(uuid.uuid4()), user_id, "DONE", None, now, now + ttl_seconds)
+        self.state.chats[chat.id] = chat
+        self.state.messages[chat.id] = []
+        return chat
+
+    async def get(self, session_id: str) -> ChatSession | None:
+        return self.state.chats.get(session_id)
+
+    async def of_user(self, user_id: str) -> list[ChatSession]:
+        mine = [c for c in self.state.chats.values() if c.user_id == user_id]
+        return sorted(mine, key=lambda c: c.created_at, reverse=True)
+
+    async def count(self, user_id: str) -> int:
+        return sum(1 for c in self.state.chats.values() if c.user_id == user_id)
+
+    async def delete(self, session_id: str) -> bool:
+        if session_id not in self.state.chats:
+            return False
+        self.state.drop_chat(session_id)
+        return True
+
+    async def expired(self, now: float) -> list[str]:
+        return [c.id for c in self.state.chats.values() if c.ttl <= now]
+
+    async def messages(self, session_id: str, after: float | None = None) -> list[Message]:
+        log = self.state.messages.get(session_id, [])
+        return [m for m in log if after is None or m.timestamp > after]
+
+    async def note_sandbox(self, session_id: str, replica: str, sandbox_id: str) -> None:
+        if session_id in self.state.chats:
+            self.state.sandboxes[session_id] = (replica, sandbox_id)
+
+    async def sandbox(self, session_id: str) -> tuple[str | None, str | None]:
+        return self.state.sandboxes.get(session_id, (None, None))

@@ -1,0 +1,137 @@
+"""Chats (the `sessions` table) and their messages in SQL, with the row helpers that other
+aggregates' transactions compose: the chat's lock, its status, appending a message."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, cast
+
+import sqlalchemy as sa
+
+from sandbank.errors import NotFound, SessionNotFound
+from sandbank.store.records import ChatSession, Message, Role, SessionStatus, next_timestamp
+from sandbank.store.schema import messages, sessions
+from sandbank.store.sql.database import Conn, Database, every, one, scalar_int
+
+
+class SqlChats:
+    """The `Chats` of a SQL database."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def create(self, user_id: str, ttl_seconds: float) -> ChatSession:
+        now = time.time()
+        chat = ChatSession(str(uuid.uuid4()), user_id, "DONE", None, now, now + ttl_seconds)
+        insert = sa.insert(sessions).values(
+            id=chat.id,
+            user_id=user_id,
+            status=chat.status,
+            status_message=None,
+            created_at=now,
+            ttl=chat.ttl,
+        )
+        await self.db.write(
+            lambda conn: conn.execute(insert),
+            refused=lambda: NotFound(f"no user with id {user_id!r}"),
+        )
+        return chat
+
+    async def get(self, session_id: str) -> ChatSession | None:
+        row = await self.db.read(one(sa.select(sessions).where(sessions.c.id == session_id)))
+        return None if row is None else _chat(row)
+
+    async def of_user(self, user_id: str) -> list[ChatSession]:
+        query = (
+            sa.select(sessions)
+            .where(sessions.c.user_id == user_id)
+            .order_by(sessions.c.created_at.desc())
+        )
+        return [_chat(r) for r in await self.db.read(every(query))]
+
+    async def count(self, user_id: str) -> int:
+        query = sa.select(sa.func.count()).where(sessions.c.user_id == user_id)
+        return await self.db.read(scalar_int(query))
+
+    async def delete(self, session_id: str) -> bool:
+        delete = sa.delete(sessions).where(sessions.c.id == session_id)  # the rest cascades
+        return await self.db.write(lambda conn: bool(conn.execute(delete).rowcount))
+
+    async def expired(self, now: float) -> list[str]:
+        query = sa.select(sessions.c.id).where(sessions.c.ttl <= now).order_by(sessions.c.ttl)
+        return [r.id for r in await self.db.read(every(query))]
+
+    async def messages(self, session_id: str, after: float | None = None) -> list[Message]:
+        query = sa.select(messages).where(messages.c.session_id == session_id)
+        if after is not None:
+            query = query.where(messages.c.timestamp > after)
+        rows = await self.db.read(every(query.order_by(messages.c.timestamp)))
+        return [
+            Message(r.session_id, r.timestamp, cast(Role, r.role), r.content, bool(r.internal))
+            for r in rows
+        ]
+
+    async def note_sandbox(self, session_id: str, replica: str, sandbox_id: str) -> None:
+        update = (
+            sa.update(sessions)
+            .where(sessions.c.id == session_id)
+            .values(replica=replica, sandbox_id=sandbox_id)
+        )
+        await self.db.write(lambda conn: conn.execute(update))
+
+    async def sandbox(self, session_id: str) -> tuple[str | None, str | None]:
+        query = sa.select(sessions.c.replica, sessions.c.sandbox_id).where(
+            sessions.c.id == session_id
+        )
+        row = await self.db.read(one(query))
+        return (None, None) if row is None else (row.replica, row.sandbox_id)
+
+
+# --- row helpers: parts of transactions that change a chat along with another aggregate ------
+
+
+def lock_chat(conn: Conn, session_id: str) -> float | None:
+    """Lock the chat's row until commit (`SessionNotFound` when missing); its latest message
+    timestamp, from which the next one is assigned."""
+    row = conn.execute(
+        sa.select(sessions.c.last_message_at)
+        .where(sessions.c.id == session_id)
+        .with_for_update()  # ignored by SQLite, whose writer already holds the database lock
+    ).first()
+    if row is None:
+        raise SessionNotFound(f"no session {session_id}")
+    return cast(float | None, row.last_message_at)
+
+
+def set_status(conn: Conn, session_id: str, status: SessionStatus, message: str | None) -> None:
+    conn.execute(
+        sa.update(sessions)
+        .where(sessions.c.id == session_id)
+        .values(status=status, status_message=message)
+    )
+
+
+def insert_message(
+    conn: Conn, session_id: str, last: float | None, role: Role, content: str, internal: bool
+) -> Message:
+    """Append a message to a chat whose row the caller locked (its latest stamp: `last`).
+
+    The row lock (PostgreSQL) or the write lock (SQLite) is held until commit, so timestamps
+    are assigned and become visible in the same order: a reader polling with the last
+    timestamp it saw cannot miss a message."""
+    stamp = next_timestamp(last)
+    conn.execute(
+        sa.update(sessions).where(sessions.c.id == session_id).values(last_message_at=stamp)
+    )
+    conn.execute(
+        sa.insert(messages).values(
+            session_id=session_id, timestamp=stamp, role=role, content=content, internal=internal
+        )
+    )
+    return Message(session_id, stamp, role, content, internal)
+
+
+def _chat(row: sa.Row[Any]) -> ChatSession:
+    status = cast(SessionStatus, row.status)
+    return ChatSession(row.id, row.user_id, status, row.status_message, row.created_at, row.ttl)
