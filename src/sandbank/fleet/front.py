@@ -103,8 +103,12 @@ class Fleet:
         body: Body = None,
         stream: bool = False,
     ) -> Reply:
-        """Send to a node; `NodeGone` as soon as the transport fails or the node is declared out."""
-        if not member.up:
+        """Send to a node; `NodeGone` as soon as the transport fails or the node is declared out.
+
+        A node this front has not heard from yet (it has just started, its first reports were
+        slow) is tried: only the transport can say it is gone.
+        """
+        if member.lost:
             raise NodeGone
         headers["authorization"] = self._auth
         task = asyncio.current_task()
@@ -134,7 +138,7 @@ class Fleet:
         name, tagged = self.ids.verify(tenant, public)
         instance, local = tagged[:INSTANCE_LENGTH], tagged[INSTANCE_LENGTH:]
         member = self.membership.get(name)
-        if member is None or not member.up:
+        if member is None or member.lost:
             raise gone(public, name)
         if member.instance and instance != member.instance:
             raise gone(public, name, "restarted")

@@ -63,6 +63,12 @@ class Member:
     checked_at: float = 0.0
     missed: int = 0  # health checks missed in a row
     instance: str = ""  # the node process's incarnation, from its reports and CreateSession
+    ever_up: bool = False  # answered this front once: until then, silence is no loss
+
+    @property
+    def lost(self) -> bool:
+        """Known to be out: it answered this front before and does no longer."""
+        return self.ever_up and not self.up
 
     def used(self) -> int:
         return (self.report.sessions if self.report else 0) + self.placed
@@ -144,6 +150,7 @@ class Membership:
 
     def suspect(self, member: Member, reason: str) -> None:
         """A call to it failed at the transport: out at once, re-checked at the next refresh."""
+        member.ever_up = True  # heard from or not, it is known to be out now
         self._down(member, reason)
         self._wake.set()
 
@@ -215,6 +222,7 @@ class Membership:
             if not member.up:
                 log.info("fleet node %s (%s) is in", name, url)
             member.up, member.report, member.placed, member.missed = True, report, 0, 0
+            member.ever_up = True
             member.instance = report.instance
             member.checked_at = time.monotonic()
         for name in list(self.members):

@@ -16,7 +16,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,12 +95,23 @@ class StoreRecorder:
     """The agent's `Recorder`: messages and progress go to the session, while the lease holds,
     and the session's listeners here are told."""
 
-    def __init__(self, store: Store, run: Run, events: SessionEvents) -> None:
+    def __init__(
+        self,
+        store: Store,
+        run: Run,
+        events: SessionEvents,
+        before_answer: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.store = store
         self.run = run
         self.events = events
+        # Files the run produced are saved before its answer is stored, so a client shown the
+        # answer finds every file it names.
+        self.before_answer = before_answer
 
     async def add_message(self, role: Role, content: str, internal: bool) -> None:
+        if role == "assistant" and not internal and self.before_answer is not None:
+            await self.before_answer()
         await self.store.runs.add_message(self.run, role, content, internal)
         self.events.changed(self.run.session_id)
 
@@ -342,10 +353,16 @@ class Runs:
             history = stored if resumed else [m for m in stored if m.timestamp < run.question_at]
             lease, recreated = await self._lease(sid, owner, bool(history))
             before = await self._place(sid, owner, lease)
+            saved: list[list[str]] = []  # what the harvest before the answer left unsaved
+
+            async def save_files() -> None:
+                self._finishing(run)
+                saved.append(await self._harvest(run, owner, lease, before))
+
             result = await run_turn(
                 model=model,
                 workbench=SandboxWorkbench(self.sandboxes, lease.sandbox_id, owner),
-                recorder=StoreRecorder(self.store, run, self.events),
+                recorder=StoreRecorder(self.store, run, self.events, before_answer=save_files),
                 question=RESUME_NOTE if resumed else question.content,
                 history=[HistoryMessage(m.role, m.content, m.internal) for m in history],
                 limits=self.limits,
@@ -355,10 +372,8 @@ class Runs:
             steps = result.steps
             if isinstance(result.error, LeaseLost):
                 raise result.error
-            active = self.active.get(sid)
-            if active is not None and active.run.id == run.id:
-                active.finishing = True  # a shutdown lets it save its files and end
-            skipped = await self._harvest(run, owner, lease, before)
+            self._finishing(run)
+            skipped = saved[0] if saved else await self._harvest(run, owner, lease, before)
             if result.status == "cancelled":
                 # The loop abandoned its call; only ending the sandbox stops that code.
                 await self._drop(sid, owner)
@@ -390,6 +405,12 @@ class Runs:
         self.events.changed(sid)
         if self.on_ended is not None:
             self.on_ended(state, steps)
+
+    def _finishing(self, run: Run) -> None:
+        """The turn is over: a shutdown lets it save its files and end."""
+        active = self.active.get(run.session_id)
+        if active is not None and active.run.id == run.id:
+            active.finishing = True
 
     async def _stopped(self, run: Run) -> None:
         """The run's task was cancelled: record why, as `stop_reason` says."""
