@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 DATA_DIR ?= ./sandbank-data
 
-.PHONY: install install-dev system-deps test-system-deps run test test-fast lint typecheck bench clean
+.PHONY: install install-dev system-deps test-system-deps run test test-fast tiers coverage-html lint typecheck bench clean
 
 system-deps:
 	@scripts/install-system-deps
@@ -50,16 +50,25 @@ run: install
 lint: install-dev
 	$(VENV)/bin/ruff format --check src tests bench scripts
 	$(VENV)/bin/ruff check src tests bench scripts
+	$(VENV)/bin/lint-imports
 
 typecheck: install-dev
 	$(VENV)/bin/mypy
 
+# The whole suite with branch coverage of src/ (servers the tests start included), printed and
+# gated (pyproject's [tool.coverage.report] fail_under); `make coverage-html` then draws it.
 test: install-dev lint typecheck
-	$(VENV)/bin/pytest -q --durations=25
+	$(VENV)/bin/pytest -q --durations=25 --cov --cov-report=term
 
-# The fast tier: no root, no sandbox, no server (tests/conftest.py says which tests are which).
+# The fast tier: no root, no sandbox, no server (tests/tiers.py says which tests are which).
 test-fast: install-dev
 	$(VENV)/bin/pytest -q -m "not root and not postgres and not s3 and not chromium"
+
+tiers: install-dev
+	$(VENV)/bin/python scripts/test_tiers.py
+
+coverage-html: install-dev
+	$(VENV)/bin/coverage html && echo "open htmlcov/index.html"
 
 bench: install
 	$(VENV)/bin/python bench/runtime.py

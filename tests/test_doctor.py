@@ -35,7 +35,7 @@ def lines_of(text: str) -> dict[str, str]:
 
 
 def test_a_healthy_machine_passes_and_a_sandbox_really_imports(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, machine: None
 ) -> None:
     # The real list takes ~10 s of imports; a smaller one proves the same path.
     monkeypatch.setattr(doctor, "DATA_STACK", "json, numpy")
@@ -54,7 +54,7 @@ def test_a_healthy_machine_passes_and_a_sandbox_really_imports(
 
 
 def test_a_missing_module_in_the_runtime_fails_with_the_fix(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, machine: None
 ) -> None:
     monkeypatch.setattr(doctor, "DATA_STACK", "json, no_such_module_here")
     with data_dir() as data, pytest.raises(doctor.Failed) as caught:
@@ -116,7 +116,7 @@ def test_the_model_gets_one_token_only_when_asked() -> None:
         with pytest.raises(doctor.Skipped):
             asyncio.run(doctor.model_check(False)(s))  # type: ignore[arg-type]
         assert fake.requests == []
-        seen = asyncio.run(doctor.model_check(True)(s))  # type: ignore[arg-type]
+        seen: str = asyncio.run(doctor.model_check(True)(s))  # type: ignore[arg-type]
     assert "openai:gpt-fake at " in seen and " answered in " in seen
     assert len(fake.requests) == 1
     sent = fake.requests[0]

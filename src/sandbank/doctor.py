@@ -250,7 +250,7 @@ async def check_storage(settings: Settings) -> str:
             f"{kind}: a round trip failed: {error}",
             "check SANDBANK_STORAGE_URL, the S3 settings and the bucket's permissions",
         ) from None
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - any SDK's failure is the check's answer
         raise Failed(
             f"{kind}: a round trip failed: {type(error).__name__}: {error}",
             "check SANDBANK_STORAGE_URL, the S3 settings and the bucket's permissions",
@@ -367,7 +367,7 @@ async def _run(settings: Settings, model: bool, out: TextIO) -> list[Outcome]:
             outcome = Outcome(name, "FAIL", f.detail, f.fix)
         except SandbankError as e:
             outcome = Outcome(name, "FAIL", e.message)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - one broken check must not hide the others
             outcome = Outcome(name, "FAIL", f"{type(e).__name__}: {e}")
         outcomes.append(outcome)
         print(f"{outcome.status:<4}  {name:<13}  {outcome.detail}", file=out, flush=True)

@@ -12,12 +12,14 @@ from sandbank.protocol.calls import PythonCall
 from sandbank.sandbox.local import LocalSandboxes
 from sandbank.sandbox.sessions import ExecSession
 from tests.support import data_dir, settings
+from tests.tiers import needs
 
 pytestmark = pytest.mark.anyio
 TENANT = "inspect-tests"
 
 MAKE_SHEETS = """
 import openpyxl
+from tests.tiers import needs
 book = openpyxl.Workbook()
 sheet = book.active
 sheet.title = "prices"
@@ -34,12 +36,13 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
+@needs("root")
 async def session() -> AsyncIterator[tuple[LocalSandboxes, ExecSession]]:
     with data_dir() as data:
         runtime = LocalSandboxes(settings(data))
         await runtime.start()
         try:
-            yield runtime, await runtime.create(TENANT)
+            yield runtime, runtime.session((await runtime.create(TENANT)).id, TENANT)
         finally:
             await runtime.close()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tests.interpreter.harness import Server, running
 
 
-def test_a_second_server_on_the_same_sqlite_database_warns_naming_the_first() -> None:
+def test_a_second_server_on_the_same_sqlite_database_warns_naming_the_first(machine: None) -> None:
     env = {"SANDBANK_POOL_SIZE": "0"}
     with running(env) as first:
         assert first.proc is not None

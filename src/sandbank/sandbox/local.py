@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from ..config import Settings
-from ..egress.config import EgressConfig
 from ..errors import AtCapacity, SessionNotFound
 from ..protocol.calls import (
     RC_TIMEOUT,
@@ -32,6 +31,7 @@ from ..protocol.sessions import Download, FileEntry, FormPart, SessionInfo, Sess
 from . import files
 from .backends import backend_for
 from .backends.base import Backend
+from .egress import EgressConfig
 from .pool import WarmPool
 from .sessions import ExecSession, victim
 from .supervisor import restore_root

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from ... import capacity
 from ...config import Settings
-from ...egress.config import EgressConfig, build_proxy
 from ...egress.proxy import EgressProxy
 from ...errors import IsolationUnavailable
 from ..channel import WorkerProcess
+from ..egress import EgressConfig, build_proxy
 from ..limits import Limits
 from . import cgroups, disk
 from .layout import HOST_PATH
