@@ -20,11 +20,11 @@ from starlette.routing import Route
 from ..config import Settings
 from ..errors import (
     AtCapacity,
-    PayloadTooLarge,
     SandbankError,
     SandboxError,
     SessionNotFound,
 )
+from ..http.bodies import read_body
 from ..protocol.http1 import Http1Client, Reply, TransportFailed
 from .ids import SessionIds
 from .membership import Member, Membership
@@ -301,12 +301,3 @@ def _copy(r: Reply) -> Response:
     headers = _response_headers(r)
     headers.pop("content-length", None)  # set again from the body
     return Response(r.body, status_code=r.status, headers=headers)
-
-
-async def read_body(request: Request, cap: int) -> bytes:
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > cap:
-            raise PayloadTooLarge(f"the request body is larger than {cap} bytes")
-    return bytes(body)

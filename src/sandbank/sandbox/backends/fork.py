@@ -19,7 +19,7 @@ from typing import Any
 
 from ...config import Settings
 from ...egress import sandboxing as egress
-from ..channel import WorkerBroken, WorkerGone, WorkerProcess
+from ..channel import WorkerGone, WorkerProcess, read_frame
 from ..host import disk, layout
 from ..host.machine import IsolatedHost, check_tools
 from ..host.slot import IsolatedBox, Slot
@@ -134,15 +134,7 @@ class ForkedWorker(WorkerProcess):
             raise WorkerGone from e
 
     async def recv(self) -> dict[str, Any]:
-        try:
-            head = await self._reader.readexactly(protocol.HEADER.size)
-            (size,) = protocol.HEADER.unpack(head)
-            protocol.check_size(size, protocol.MAX_REPLY)
-            return protocol.decode(await self._reader.readexactly(size))
-        except (asyncio.IncompleteReadError, ConnectionResetError) as e:
-            raise WorkerGone from e
-        except protocol.ProtocolViolation as e:
-            raise WorkerBroken(str(e)) from e
+        return await read_frame(self._reader)
 
     async def wait(self, timeout: float = 5.0) -> int | None:
         try:
