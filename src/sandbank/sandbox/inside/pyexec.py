@@ -1,57 +1,282 @@
-"""The persistent Python namespace: run a cell as a notebook does, echo its last expression."""
+"""The persistent Python namespace: each call runs as a cell of Jupyter's IPython kernel.
+
+IPython's own `InteractiveShell` runs the code (magics, `!cmd`, top-level `await`, the last
+expression echoed, `IPython.display`), adapted where a sandbox differs from a kernel:
+- an echoed value's text goes to stdout, and its rich forms (a DataFrame's table...) become a
+  display bundle, as `display(obj)`'s do (`display.py`): no `Out[n]` caches of old values;
+- tracebacks go to stderr, without colour, from the user's frames on;
+- `SystemExit(n)` ends the call with return code n, as it ends a script;
+- `!cmd` and `x = !cmd` run in bash; `%pip` runs the sandbox's pip (which says what the
+  network policy allows); `%matplotlib` keeps the backend that saves figures as files;
+- no history database, no history thread, no output kept after a call.
+"""
 
 from __future__ import annotations
 
-import ast
+import builtins
 import contextlib
-import linecache
 import os
+import subprocess
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from .display import MAX_BUNDLES, REPR_METHODS, bundle
+from IPython.core.displayhook import DisplayHook
+from IPython.core.displaypub import DisplayPublisher
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.profiledir import ProfileDir
+from IPython.utils.text import LSString, SList
+from traitlets import Type
+from traitlets.config import Config
 
-_HERE = {__file__}
+from .display import MAX_BUNDLES, bundle_of, figure_png
+
+CONDA_REFUSAL = (
+    "%{0} is not available in this sandbox (there is no conda): packages come from PyPI "
+    "with %pip, as the session's network policy allows; otherwise the server's operator "
+    "installs them."
+)
+GUI_NOTE = (
+    "[sandbank] figures are saved as PNG files here (and display(fig) shows one inline); "
+    "`%matplotlib {0}` changes nothing."
+)
 
 
-def hide_frames_of(*files: str) -> None:
-    """Frames of these files are dropped from users' tracebacks (the worker's own code)."""
-    _HERE.update(files)
+class Publisher(DisplayPublisher):  # type: ignore[misc]
+    """Where `display()` sends a formatted object: the call's display bundles, as they come."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bundles: list[dict[str, Any]] = []
+        self.ids: list[str | None] = []  # each bundle's display_id, for update_display
+        self.on_display: Callable[[dict[str, Any]], None] | None = None
+        self.clear_pending = False
+
+    def begin(self) -> None:
+        self.bundles, self.ids, self.clear_pending = [], [], False
+
+    def publish(
+        self,
+        data: dict[str, Any],
+        metadata: dict[str, Any] | None = None,
+        source: Any = None,
+        *,
+        transient: dict[str, Any] | None = None,
+        update: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if self.clear_pending:
+            self.begin()
+        display_id = (transient or {}).get("display_id")
+        shown = bundle_of(data)
+        if update and display_id in self.ids:
+            self.bundles[self.ids.index(display_id)] = shown
+        elif len(self.bundles) >= MAX_BUNDLES:
+            return
+        else:
+            self.bundles.append(shown)
+            self.ids.append(display_id)
+        if self.on_display is not None:
+            self.on_display(shown)
+
+    def clear_output(self, wait: bool = False) -> None:
+        """The call's display bundles so far are dropped (now, or at the next display)."""
+        if wait:
+            self.clear_pending = True
+        else:
+            self.begin()
+
+
+class EchoHook(DisplayHook):  # type: ignore[misc]
+    """The last expression's value: its text on stdout; a display bundle when it has more.
+
+    `_`, `__` and `___` are kept; `Out` and `_N` are not (they would hold every value ever
+    echoed for the session's life).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.do_full_cache = 0
+
+    def write_output_prompt(self) -> None:
+        pass
+
+    def write_format_data(
+        self, format_dict: dict[str, Any], md_dict: dict[str, Any] | None = None
+    ) -> None:
+        text = format_dict.get("text/plain")
+        if text is not None:
+            sys.stdout.write(f"{text}\n")
+        if set(format_dict) - {"text/plain"}:
+            self.shell.display_pub.publish(format_dict)
+
+    def log_output(self, format_dict: dict[str, Any]) -> None:
+        pass
+
+    def finish_displayhook(self) -> None:
+        sys.stdout.flush()
+        self._is_active = False
+
+
+@magics_class
+class SandboxMagics(Magics):  # type: ignore[misc]
+    """Magics whose kernel versions assume a machine the sandbox is not."""
+
+    @line_magic  # type: ignore[untyped-decorator]
+    def pip(self, line: str) -> None:
+        """Run the sandbox's pip (the one `!pip` runs): its network policy decides."""
+        self.shell.system(f"pip {line}")
+
+    @line_magic  # type: ignore[untyped-decorator]
+    def conda(self, line: str) -> None:
+        print(CONDA_REFUSAL.format("conda"), file=sys.stderr)
+
+    @line_magic  # type: ignore[untyped-decorator]
+    def mamba(self, line: str) -> None:
+        print(CONDA_REFUSAL.format("mamba"), file=sys.stderr)
+
+
+class SandboxShell(InteractiveShell):  # type: ignore[misc]
+    displayhook_class = Type(EchoHook)
+    display_pub_class = Type(Publisher)
+
+    def init_ipython_dir(self, ipython_dir: str | None) -> None:
+        pass  # no ~/.ipython: the workspace is the user's, and no profile is read
+
+    def init_profile_dir(self, profile_dir: Any) -> None:
+        self.profile_dir = ProfileDir()  # without a location: nothing is made on disk
+
+    def init_magics(self) -> None:
+        super().init_magics()
+        self.register_magics(SandboxMagics)
+
+    @contextlib.contextmanager
+    def _tee(self, channel: str) -> Iterator[None]:
+        # IPython copies every write of a cell into its history: nothing here reads it back.
+        yield
+
+    def _showtraceback(self, etype: Any, evalue: Any, stb: Any) -> None:
+        sys.stdout.flush()
+        sys.stderr.write(self.InteractiveTB.stb2text(stb) + "\n")
+        sys.stderr.flush()
+
+    async def run_code(self, code_obj: Any, result: Any = None, *, async_: bool = False) -> bool:
+        """IPython's, but `SystemExit` ends the call quietly (the worker returns its code)."""
+        __tracebackhide__ = "__ipython_bottom__"  # read by IPython's tracebacks
+        old_excepthook, sys.excepthook = sys.excepthook, self.excepthook
+        self.sys_excepthook = old_excepthook
+        try:
+            try:
+                if async_:
+                    await eval(code_obj, self.user_global_ns, self.user_ns)  # noqa: S307
+                else:
+                    exec(code_obj, self.user_global_ns, self.user_ns)  # noqa: S102 - the product
+            finally:
+                sys.excepthook = old_excepthook
+        except SystemExit as e:
+            if result is not None:
+                result.error_in_exec = e
+            return True
+        except BaseException as e:
+            if result is not None:
+                result.error_in_exec = e
+            tb = e.__traceback__
+            # From the user's code on: this frame is not theirs (IPython drops its own).
+            self.showtraceback((type(e), e, tb.tb_next if tb else None), running_compiled_code=True)
+            return True
+        return False
+
+    def system(self, cmd: str) -> None:
+        """`!cmd`: bash, its output the cell's (our descriptors are the captured ones)."""
+        cmd = self.var_expand(cmd, depth=1)
+        _flush()
+        try:
+            code = subprocess.run(["bash", "-c", cmd], check=False).returncode
+        except KeyboardInterrupt:
+            print("\n" + self.get_exception_only(), file=sys.stderr)
+            code = 130
+        self.user_ns["_exit_code"] = -(code - 128) if code > 128 else code
+
+    def getoutput(self, cmd: str, split: bool = True, depth: int = 0) -> SList | LSString:
+        """`x = !cmd`: bash's output (stderr with it, as IPython gives) as a list of lines."""
+        if cmd.rstrip().endswith("&"):
+            raise OSError("Background processes not supported.")
+        cmd = self.var_expand(cmd, depth=depth + 1)
+        _flush()
+        done = subprocess.run(
+            ["bash", "-c", cmd],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+        out = done.stdout.decode("utf-8", "replace")
+        return SList(out.splitlines()) if split else LSString(out)
+
+    def enable_matplotlib(self, gui: str | None = None) -> tuple[str | None, str]:
+        """`%matplotlib [inline]`: the backend stays ours (figures saved as files)."""
+        import matplotlib.pyplot  # noqa: F401 - as the magic does
+
+        if gui not in (None, "auto", "inline"):
+            print(GUI_NOTE.format(gui), file=sys.stderr)
+        return gui, str(sys.modules["matplotlib"].get_backend())
+
+    def enable_gui(self, gui: str | None = None) -> None:
+        pass  # no event loop of a GUI toolkit in a sandbox
+
+    def forget(self) -> None:
+        """Drop what IPython keeps of a finished cell beyond its inputs (`In`, `_i`)."""
+        hm = self.history_manager
+        hm.outputs.clear()
+        hm.exceptions.clear()
+        hm.output_hist_reprs.clear()
+        with hm.db_input_cache_lock:
+            hm.db_input_cache.clear()  # no database to write it to
+
+
+def new_shell(main: Any) -> SandboxShell:
+    """The session's shell, whose namespace is the module `main` (a fresh `__main__`)."""
+    config = Config()
+    config.HistoryManager.enabled = False  # no SQLite file, no saving thread
+    config.InteractiveShell.colors = "nocolor"
+    shell: SandboxShell = SandboxShell.instance(config=config, user_module=main)
+    for name in ("exit", "quit"):  # Python's own, which raise SystemExit as in a script
+        if hasattr(builtins, name):
+            shell.user_ns[name] = shell.user_ns_hidden[name] = getattr(builtins, name)
+    png = shell.display_formatter.formatters["image/png"]
+    png.for_type_by_name("matplotlib.figure", "Figure", figure_png)
+    return shell
 
 
 class PythonRunner:
-    """One namespace for the session's life; `run` returns the cell's exit status.
+    """One shell for the session's life; `run` returns the call's exit status.
 
-    `display(obj)` is in the namespace, as in IPython: it adds a bundle of the object's
-    representations to the call's `displays` (and hands it to `on_display` as it is made).
+    The call's display bundles (`display(obj)`, an echoed value's rich forms) are in
+    `displays` after `run`, and handed to `on_display` as each is made.
     """
 
-    def __init__(self, namespace: dict[str, Any], owner_pid: int) -> None:
-        self.namespace = namespace
-        self.namespace["__builtins__"] = __builtins__
-        self.namespace["display"] = self.display
-        self.namespace[SHELL_HOOK] = run_shell_line
-        self.namespace[PIP_HOOK] = refuse_pip
+    def __init__(self, shell: SandboxShell, owner_pid: int) -> None:
+        self.shell = shell
         self.owner_pid = owner_pid
-        self.cell = 0
-        self.displays: list[dict[str, Any]] = []
-        self.on_display: Callable[[dict[str, Any]], None] | None = None
+        self.publisher: Publisher = shell.display_pub
 
-    def display(self, *objs: Any) -> None:
-        """Show objects as a notebook does (a table for a DataFrame, an image for a figure)."""
-        for obj in objs:
-            if len(self.displays) >= MAX_BUNDLES:
-                return
-            shown = bundle(obj)
-            self.displays.append(shown)
-            if self.on_display is not None:
-                self.on_display(shown)
+    @property
+    def displays(self) -> list[dict[str, Any]]:
+        return self.publisher.bundles
 
-    def run(self, code: str) -> int:
-        self.displays = []
-        status = self._run(code)
+    @property
+    def on_display(self) -> Callable[[dict[str, Any]], None] | None:
+        return self.publisher.on_display
+
+    @on_display.setter
+    def on_display(self, fn: Callable[[dict[str, Any]], None] | None) -> None:
+        self.publisher.on_display = fn
+
+    def run(self, code: str, *, store_history: bool = True) -> int:
+        self.publisher.begin()
+        status = self._run(code, store_history)
         if os.getpid() != self.owner_pid:
             # A fork of user code (os.fork) came back here: it ends, and never answers a call.
             with contextlib.suppress(Exception):
@@ -61,103 +286,28 @@ class PythonRunner:
         save_figures()
         return status
 
-    def _run(self, code: str) -> int:
-        self.cell += 1
-        filename = f"<cell {self.cell}>"
-        # Tracebacks show the offending line, as in a notebook.
-        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    def _run(self, code: str, store_history: bool) -> int:
         try:
-            tree = ast.parse(code, filename, "exec")
-        except SyntaxError as e:
-            converted = convert_magics(code)
-            try:
-                if converted is None:
-                    raise e from None
-                tree = ast.parse(converted, filename, "exec")
-            except (SyntaxError, ValueError) as e2:
-                traceback.print_exception(type(e2), e2, None)
-                return 1
-        except ValueError as e:
-            traceback.print_exception(type(e), e, None)
-            return 1
-        last = None
-        # As in Jupyter, a bare last expression is echoed, unless a `;` ends the cell.
-        if tree.body and isinstance(tree.body[-1], ast.Expr) and not ends_with_semicolon(code):
-            last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
-        try:
-            exec(compile(tree, filename, "exec"), self.namespace)  # noqa: S102 - the product
-            if last is not None:
-                value = eval(compile(last, filename, "eval"), self.namespace)  # noqa: S307
-                if value is not None:
-                    print(repr(value))
-                    if _is_rich(value):
-                        self.display(value)
+            result = self.shell.run_cell(code, store_history=store_history)
+        finally:
+            self.shell.forget()
+        error = result.error_before_exec or result.error_in_exec
+        if error is None:
             return 0
-        except SystemExit as e:
-            if e.code is None:
+        if isinstance(error, SystemExit):
+            if error.code is None:
                 return 0
-            if isinstance(e.code, int):
-                return e.code
-            print(e.code, file=sys.stderr)
+            if isinstance(error.code, int):
+                return error.code
+            print(error.code, file=sys.stderr)
             return 1
-        except BaseException as e:
-            tb = e.__traceback__
-            # Drop our own frames: the user sees only their cell's.
-            while tb is not None and tb.tb_frame.f_code.co_filename in _HERE:
-                tb = tb.tb_next
-            traceback.print_exception(type(e), e, tb)
-            return 130 if isinstance(e, KeyboardInterrupt) else 1
+        return 130 if isinstance(error, KeyboardInterrupt) else 1
 
 
-SHELL_HOOK, PIP_HOOK = "_sandbank_shell_line", "_sandbank_pip_line"
-PIP_REFUSAL = (
-    "%pip is not available in this sandbox: it has no network access. Packages are installed "
-    'by the server\'s operator (make install SANDBANK_EXTRA_PACKAGES="name ...").'
-)
-
-
-def convert_magics(code: str) -> str | None:
-    """IPython's conveniences LLM-written code uses: `!command` lines and `%pip`; None if none."""
-    out, changed = [], False
-    for line in code.splitlines():
-        stripped = line.lstrip()
-        indent = line[: len(line) - len(stripped)]
-        if stripped.startswith("!"):
-            out.append(f"{indent}{SHELL_HOOK}({stripped[1:]!r})")
-            changed = True
-        elif stripped.startswith(("%pip", "%%pip")):
-            out.append(f"{indent}{PIP_HOOK}({stripped!r})")
-            changed = True
-        else:
-            out.append(line)
-    return "\n".join(out) if changed else None
-
-
-def run_shell_line(command: str) -> int:
-    """`!command`: run in bash, its output in the cell's output, as IPython's `!` does."""
-    import subprocess
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    return subprocess.run(["bash", "-c", command], check=False).returncode
-
-
-def refuse_pip(line: str) -> None:
-    print(PIP_REFUSAL, file=sys.stderr)
-
-
-def _is_rich(value: Any) -> bool:
-    """Whether an echoed value has more than its text (its text is already on stdout)."""
-    if isinstance(value, str | int | float | bool | bytes | list | tuple | dict | set):
-        return False
-    return any(hasattr(value, method) for method, _ in REPR_METHODS) or (
-        type(value).__name__ == "Figure"
-    )
-
-
-def ends_with_semicolon(code: str) -> bool:
-    lines = [line for line in code.rstrip().splitlines() if line.strip()]
-    return bool(lines) and lines[-1].split("#", 1)[0].rstrip().endswith(";")
+def _flush() -> None:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
 
 
 def save_figures() -> None:
