@@ -13,12 +13,15 @@ expression echoed, `IPython.display`), adapted where a sandbox differs from a ke
 
 from __future__ import annotations
 
+import ast
 import builtins
 import contextlib
 import os
+import pathlib
 import subprocess
 import sys
 import traceback
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -152,6 +155,23 @@ class SandboxShell(InteractiveShell):  # type: ignore[misc]
         super().init_magics()
         self.register_magics(SandboxMagics)
 
+    def transform_cell(self, raw_cell: str) -> str:
+        """IPython's, except that valid Python no transform would change is taken as it is.
+
+        IPython's transforms re-tokenize every cell in Python code whose first run in each
+        sandbox copies ~0.4 MiB of the template's pages; on valid Python they change nothing
+        but a single line naming a magic (`pwd`, `env`: automagic), which still goes through.
+        """
+        try:
+            ast.parse(raw_cell)
+        except (SyntaxError, ValueError):
+            return str(super().transform_cell(raw_cell))
+        lines = raw_cell.strip().splitlines()
+        first = lines[0].split(None, 1)[0] if lines else ""
+        if len(lines) == 1 and first in self.magics_manager.magics["line"]:
+            return str(super().transform_cell(raw_cell))
+        return raw_cell if raw_cell.endswith("\n") else raw_cell + "\n"
+
     @contextlib.contextmanager
     def _tee(self, channel: str) -> Iterator[None]:
         # IPython copies every write of a cell into its history: nothing here reads it back.
@@ -236,8 +256,46 @@ class SandboxShell(InteractiveShell):  # type: ignore[misc]
             hm.db_input_cache.clear()  # no database to write it to
 
 
+def session_shell() -> SandboxShell:
+    """The process's shell: made here, or in the fork template before this sandbox was forked.
+
+    Its namespace is a fresh module, which becomes `__main__`; what depends on where it was
+    made (the working directory) is taken from this process.
+    """
+    if SandboxShell.initialized():
+        shell: SandboxShell = SandboxShell.instance()
+    else:
+        shell = new_shell(types.ModuleType("__main__"))
+    sys.modules["__main__"] = shell.user_module
+    shell.starting_dir = os.getcwd()
+    shell.history_manager.dir_hist[:] = [pathlib.Path.cwd()]
+    return shell
+
+
+# Walked by the fork template: what these first reach (formatters' lazy state, a table's HTML)
+# is then made once, in pages every sandbox shares (bench/fork.py: ~1 MiB less per session).
+WALK = ("None", "1", "import pandas as _pd\n_pd.DataFrame({'a': [1]})\n", "_pd.Series([1]).sum()")
+
+
+def prepare() -> None:
+    """In the fork template: make the shell and walk first cells, for every sandbox to share.
+
+    Made in each sandbox instead, it would cost ~20 ms of each start and ~7 MiB of each
+    session's memory (the pages its imports and objects write).
+    """
+    shell = new_shell(types.ModuleType("__main__"))
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+        for code in WALK:
+            shell.run_cell(code, store_history=False)  # In, _i, the count: untouched
+    hook = shell.displayhook
+    hook._ = hook.__ = hook.___ = ""
+    shell.push({"_": "", "__": "", "___": ""}, interactive=False)  # as a new shell has them
+    shell.user_ns.pop("_pd", None)
+    shell.forget()
+
+
 def new_shell(main: Any) -> SandboxShell:
-    """The session's shell, whose namespace is the module `main` (a fresh `__main__`)."""
+    """A shell whose namespace is the module `main`."""
     config = Config()
     config.HistoryManager.enabled = False  # no SQLite file, no saving thread
     config.InteractiveShell.colors = "nocolor"

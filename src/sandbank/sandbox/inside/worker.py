@@ -14,7 +14,6 @@ import signal
 import sys
 import threading
 import traceback
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +21,7 @@ from . import protocol as p
 from .capture import Capture
 from .editor import Editor
 from .files import produced, scan
-from .pyexec import PythonRunner, new_shell
+from .pyexec import PythonRunner, session_shell
 from .shell import Shell, ShellUnavailable
 
 WORKSPACE = os.environ.get("SANDBANK_WORKSPACE", "/workspace")
@@ -79,9 +78,9 @@ class Channel:
 class Worker:
     """The request loop, on the main thread; interrupts arrive on a pipe of their own."""
 
-    def __init__(self, channel: Channel, main_module: types.ModuleType) -> None:
+    def __init__(self, channel: Channel) -> None:
         self.channel = channel
-        self.python = PythonRunner(new_shell(main_module), owner_pid=channel.pid)
+        self.python = PythonRunner(session_shell(), owner_pid=channel.pid)
         self.shell = Shell(WORKSPACE)
         self.editor = Editor(WORKSPACE)
         self.busy: str | None = None
@@ -237,10 +236,8 @@ def main() -> None:
             preimport()
         except Exception:
             traceback.print_exc()
-    # The namespace the user sees starts clean: a fresh __main__, not this module.
-    main_module = types.ModuleType("__main__")
-    sys.modules["__main__"] = main_module
-    worker = Worker(channel, main_module)
+    # The namespace the user sees starts clean: the shell's own fresh __main__, not this module.
+    worker = Worker(channel)
     interrupt_fd = int(os.environ.pop("SANDBANK_INTERRUPT_FD"))
     os.set_inheritable(interrupt_fd, False)
     worker.warm_up()
