@@ -23,7 +23,7 @@ from ..egress import sandboxing as egress
 from ..egress.config import EgressConfig, build_proxy
 from ..egress.proxy import SOCKET_NAME, EgressProxy
 from ..errors import IsolationUnavailable
-from . import cgroups, disk, image
+from . import cgroups, disk, image, trust
 from .backend import (
     HOST_RESOURCES,
     INTERPRETERS,
@@ -127,9 +127,11 @@ class BwrapSandbox(ManagedSandbox):
         preimport: bool,
         seccomp_program: bytes,
         egress_proxy: EgressProxy | None = None,
+        trust_store: Path | None = None,
     ) -> None:
         super().__init__(sandbox_id, limits, preimport)
         self.egress_proxy = egress_proxy
+        self.trust_store = trust_store  # bound at /etc/ssl/certs (trust.py)
         self.dir = base_dir / sandbox_id
         self.runtime_dir = runtime_dir
         self.uids = uids
@@ -223,6 +225,7 @@ class BwrapSandbox(ManagedSandbox):
             "OMP_NUM_THREADS": str(max(1, int(lim.cpus))),
         }
         self._egress_env(env)
+        env.update(trust.sandbox_env(self.trust_store))
         argv = [
             "--unshare-all", "--unshare-user", "--disable-userns",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL",
@@ -248,6 +251,7 @@ class BwrapSandbox(ManagedSandbox):
             "--bind", str(self.workspace), "/workspace",
             "--ro-bind", str(self.runtime_dir), RUNTIME_MOUNT,
             *self._egress_binds(),
+            *(a for src, dst in trust.binds(self.trust_store) for a in ("--ro-bind", src, dst)),
             "--remount-ro", "/",
             "--chdir", "/workspace",
             "--seccomp", str(seccomp_fd),
@@ -349,6 +353,7 @@ class BwrapBackend(Backend):
         self.runtime_source = self.runtime_dir
         # Sandboxes get a way out only when the operator allows some network (README).
         self.egress_proxy = build_proxy(settings, EgressConfig.from_settings(settings))
+        self.trust_store: Path | None = None  # the sandboxes' CA bundle (trust.prepare)
         self._open: set[str] = set()  # sandboxes made and not yet given back
 
     def check(self) -> None:
@@ -374,6 +379,7 @@ class BwrapBackend(Backend):
                         f"reach {target}: move it or `chmod o+x {parent}`"
                     )
         self.seccomp = build_filter()
+        self.trust_store = trust.prepare(self.settings)
         s = self.settings
         self.uids = UidAllocator(s.uid_lock_dir, s.uid_base, s.uid_count)
 
@@ -432,6 +438,7 @@ class BwrapBackend(Backend):
             preimport=preimport,
             seccomp_program=self.seccomp,
             egress_proxy=self.egress_proxy,
+            trust_store=self.trust_store,
         )
         self._open.add(sandbox.id)
         sandbox.on_released = self._open.discard

@@ -19,7 +19,7 @@ from typing import Any
 from ..config import Settings
 from ..egress import sandboxing as egress
 from ..egress.proxy import EgressProxy
-from . import bwrap, disk
+from . import bwrap, disk, trust
 from .backend import new_sandbox_id
 from .bwrap import (
     ETC_BINDS,
@@ -218,6 +218,7 @@ class ForkedSandbox(BwrapSandbox):
         template: Template,
         formatted_disk: Path,
         egress_proxy: EgressProxy | None,
+        trust_store: Path | None = None,
     ) -> None:
         # The template has imported the data stack. `preimport` (the warm pool's sandboxes)
         # runs its first-use paths once more in the child, so the pages they write are copied
@@ -232,6 +233,7 @@ class ForkedSandbox(BwrapSandbox):
             preimport=preimport,
             seccomp_program=b"",
             egress_proxy=egress_proxy,
+            trust_store=trust_store,
         )
         self.template = template
         self.formatted_disk = formatted_disk  # copied for each workspace (disk.create_from)
@@ -294,7 +296,9 @@ class ForkedSandbox(BwrapSandbox):
         env = sandbox_env(self.limits, preimport=self.preimport)
         env["SANDBANK_INTERRUPT_FD"] = str(INTERRUPT_FD)
         self._egress_env(env)
+        env.update(trust.sandbox_env(self.trust_store))
         binds = [(str(self.dir / "egress"), egress.SOCKET_DIR_INSIDE)] if self.egress_proxy else []
+        binds += trust.binds(self.trust_store)
         return {
             "uid": self.uid,
             "cgroup_procs": self.cgroup.procs_files(),
@@ -382,7 +386,7 @@ class ForkBackend(BwrapBackend):
             new_sandbox_id(), instance=self.instance, base_dir=self.base_dir,
             runtime_dir=self.runtime_dir, uids=self.uids, limits=self.limits,
             preimport=preimport, template=self.template, formatted_disk=self.formatted_disk,
-            egress_proxy=self.egress_proxy,
+            egress_proxy=self.egress_proxy, trust_store=self.trust_store,
         )  # fmt: skip
         self._open.add(sandbox.id)
         sandbox.on_released = self._open.discard
