@@ -7,6 +7,7 @@ here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -49,6 +50,19 @@ def test_the_image_lists_what_was_asked_for() -> None:
     reached_for = {"httpx", "pyyaml", "networkx", "tqdm", "reportlab", "pypdf", "duckdb"}
     reached_for |= {"polars", "xgboost-cpu", "lightgbm", "ipython"}
     assert e2b_template | pandas_optional | reached_for <= requested
+
+
+def test_the_image_is_built_from_the_lock() -> None:
+    """Every pin of runtime/requirements.txt is in the image, at that version (else: rebuild)."""
+    lock = Path(__file__).resolve().parents[2] / "runtime" / "requirements.txt"
+    pins = dict(line.split("==") for line in lock.read_text().splitlines() if "==" in line)
+    installed = {normalize(p.name): p.version for p in manifest.load(Path(RUNTIME_DIR))}
+    stale = {n: v for n, v in pins.items() if installed.get(normalize(n)) != v}
+    assert stale == {}, "the runtime image is not the lock's: `make install`"
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 @pytest.mark.parametrize("group", GROUPS, ids=[f"{g[0]}..{g[-1]}" for g in GROUPS])
