@@ -98,11 +98,11 @@ def in_process(rounds: int) -> None:
         argv = [str(runtime), __file__, "--rounds", str(rounds), "--worker-only"]
         subprocess.run(argv, env=env, check=True)
         return
-    from sandbank.sandbox.inside import pyexec
+    from sandbank.sandbox.inside import notebook, pyexec
     from sandbank.sandbox.inside.capture import Capture
 
     saved = os.dup(1), os.dup(2)  # fds 1 and 2 are the capture's pipes meanwhile
-    runner = pyexec.PythonRunner(pyexec.session_shell(), os.getpid())
+    runner = pyexec.PythonRunner(notebook.session_shell(), os.getpid())
     namespace: dict[str, object] = {}
     results: dict[str, list[float]] = {}
     try:

@@ -377,7 +377,7 @@ def preload(modules: list[str]) -> list[str]:
         except Exception as e:
             failed.append(f"{name}: {e!r}")
     try:
-        importlib.import_module("sandbank_inside.pyexec").prepare()  # the session's shell
+        importlib.import_module("sandbank_inside.notebook").prepare()  # the session's shell
     except Exception as e:
         failed.append(f"the Python shell: {e!r}")
     importlib.import_module("sandbank_inside.editor")  # the worker imports it

@@ -21,7 +21,8 @@ from . import protocol as p
 from .capture import Capture
 from .editor import Editor
 from .files import produced, scan
-from .pyexec import PythonRunner, session_shell
+from .notebook import session_shell
+from .pyexec import PythonRunner
 from .shell import Shell, ShellUnavailable
 
 WORKSPACE = os.environ.get("SANDBANK_WORKSPACE", "/workspace")
