@@ -171,6 +171,25 @@ class SandboxShell(InteractiveShell):  # type: ignore[misc]
             return str(super().transform_cell(raw_cell))
         return raw_cell if raw_cell.endswith("\n") else raw_cell + "\n"
 
+    def should_run_async(
+        self,
+        raw_cell: str,
+        *,
+        transformed_cell: str | None = None,
+        preprocessing_exc_tuple: Any = None,
+    ) -> bool:
+        """IPython's answer, which compiles the cell once more, only for a cell that may await."""
+        cell = transformed_cell if transformed_cell is not None else raw_cell
+        if "await" not in cell and "async" not in cell:
+            return False
+        return bool(
+            super().should_run_async(
+                raw_cell,
+                transformed_cell=transformed_cell,
+                preprocessing_exc_tuple=preprocessing_exc_tuple,
+            )
+        )
+
     @contextlib.contextmanager
     def _tee(self, channel: str) -> Iterator[None]:
         # IPython copies every write of a cell into its history: nothing here reads it back.
@@ -271,8 +290,9 @@ def session_shell() -> SandboxShell:
     return shell
 
 
-# Walked by the fork template: what these first reach (formatters' lazy state, a table's HTML)
-# is then made once, in pages every sandbox shares (bench/fork.py: ~1 MiB less per session).
+# Walked by the fork template: what these first reach (formatters' and the history's lazy
+# state, a table's HTML) is then made once, in pages every sandbox shares; left for each
+# sandbox, it costs ~1 MiB of its memory and ~5 ms of its first call (bench/fork.py, runtime.py).
 WALK = ("None", "1", "import pandas as _pd\n_pd.DataFrame({'a': [1]})\n", "_pd.Series([1]).sum()")
 
 
@@ -280,16 +300,31 @@ def prepare() -> None:
     """In the fork template: make the shell and walk first cells, for every sandbox to share.
 
     Made in each sandbox instead, it would cost ~20 ms of each start and ~7 MiB of each
-    session's memory (the pages its imports and objects write).
+    session's memory (the pages its imports and objects write). The walk leaves the shell as
+    it was made: no inputs, no results, the count at 1.
     """
     shell = new_shell(types.ModuleType("__main__"))
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
         for code in WALK:
-            shell.run_cell(code, store_history=False)  # In, _i, the count: untouched
+            shell.run_cell(code, store_history=True)
+    shell.user_ns.pop("_pd", None)
+    rewind(shell)
+
+
+def rewind(shell: SandboxShell) -> None:
+    """Back to a new shell's inputs and results (after cells run to warm it up): In[1] next."""
+    hm = shell.history_manager
+    for n in range(1, shell.execution_count):
+        shell.user_ns.pop(f"_i{n}", None)
+        shell.user_ns_hidden.pop(f"_i{n}", None)
+    hm.input_hist_parsed[:] = [""]
+    hm.input_hist_raw[:] = [""]
+    hm._i00 = hm._i = hm._ii = hm._iii = ""
     hook = shell.displayhook
     hook._ = hook.__ = hook.___ = ""
-    shell.push({"_": "", "__": "", "___": ""}, interactive=False)  # as a new shell has them
-    shell.user_ns.pop("_pd", None)
+    blank = dict.fromkeys(("_", "__", "___", "_i", "_ii", "_iii"), "")
+    shell.push(blank, interactive=False)  # as a new shell has them
+    shell.execution_count = 1
     shell.forget()
 
 

@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from .notebook import Publisher, SandboxShell
+from .notebook import Publisher, SandboxShell, rewind
 
 
 class PythonRunner:
@@ -41,9 +41,14 @@ class PythonRunner:
     def on_display(self, fn: Callable[[dict[str, Any]], None] | None) -> None:
         self.publisher.on_display = fn
 
-    def run(self, code: str, *, store_history: bool = True) -> int:
+    def warm_up(self) -> None:
+        """Run a first cell as a client's would run (then forget it), so theirs finds all made."""
+        self.run("None")
+        rewind(self.shell)
+
+    def run(self, code: str) -> int:
         self.publisher.begin()
-        status = self._run(code, store_history)
+        status = self._run(code)
         if os.getpid() != self.owner_pid:
             # A fork of user code (os.fork) came back here: it ends, and never answers a call.
             with contextlib.suppress(Exception):
@@ -53,9 +58,9 @@ class PythonRunner:
         save_figures()
         return status
 
-    def _run(self, code: str, store_history: bool) -> int:
+    def _run(self, code: str) -> int:
         try:
-            result = self.shell.run_cell(code, store_history=store_history)
+            result = self.shell.run_cell(code, store_history=True)
         finally:
             self.shell.forget()
         error = result.error_before_exec or result.error_in_exec

@@ -147,7 +147,7 @@ class Worker:
     def warm_up(self) -> None:
         """Run one empty call, so the first real one does not pay for first-time set-up."""
         with Capture(1024):
-            self.python.run("None", store_history=False)
+            self.python.warm_up()
         scan(WORKSPACE)
 
     def _live(self) -> tuple[Callable[[str], None], Callable[[str], None]]:
