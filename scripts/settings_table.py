@@ -1,4 +1,4 @@
-"""Prints (or with --write, updates in README.md) the settings, API-additions and packages tables."""
+"""Prints (or with --write, updates in README.md) the settings, API-additions, packages tables."""
 
 from __future__ import annotations
 
@@ -63,7 +63,10 @@ def additions_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def packages_table(runtime: Path = Path(__file__).resolve().parents[1] / "runtime") -> str:
+RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
+
+
+def packages_table(runtime: Path = RUNTIME) -> str:
     """The runtime's packages as runtime/requirements.in groups them, pinned by its lock."""
     pins = {}
     for line in (runtime / "requirements.txt").read_text().splitlines():
