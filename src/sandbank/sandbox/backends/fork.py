@@ -20,7 +20,7 @@ from typing import Any
 from ...config import Settings
 from ...egress import sandboxing as egress
 from ..channel import WorkerGone, WorkerProcess, read_frame
-from ..host import disk, layout
+from ..host import disk, layout, trust
 from ..host.machine import IsolatedHost, check_tools
 from ..host.slot import IsolatedBox, Slot
 from ..inside import protocol
@@ -167,7 +167,16 @@ class ForkedWorker(WorkerProcess):
 class ForkStarter:
     """Starts a sandbox's worker as a fork of the template, on its slot's uid, cgroups, disk."""
 
-    def __init__(self, slot: Slot, *, limits: Limits, preimport: bool, template: Template) -> None:
+    def __init__(
+        self,
+        slot: Slot,
+        *,
+        limits: Limits,
+        preimport: bool,
+        template: Template,
+        trust_store: Path | None = None,
+    ) -> None:
+        self.trust_store = trust_store  # bound at /etc/ssl/certs (host/trust.py)
         # The template has imported the data stack. `preimport` (the warm pool's sandboxes)
         # runs its first-use paths once more in the child, so the pages they write are copied
         # before a lease rather than during the client's first pandas call.
@@ -179,9 +188,10 @@ class ForkStarter:
     def _order(self) -> dict[str, Any]:
         slot = self.slot
         egress_on = slot.egress_proxy is not None
-        env = layout.sandbox_env(self.limits, self.preimport, egress_on)
+        env = layout.sandbox_env(self.limits, self.preimport, egress_on, self.trust_store)
         env["SANDBANK_INTERRUPT_FD"] = str(INTERRUPT_FD)
         binds = [(str(slot.egress_dir), egress.SOCKET_DIR_INSIDE)] if egress_on else []
+        binds += trust.binds(self.trust_store)
         return {
             "uid": slot.uid,
             "cgroup_procs": slot.cgroup.procs_files(),
@@ -272,7 +282,13 @@ class ForkBackend(Backend):
         assert self.template is not None, "check() first"
         sandbox_id = new_sandbox_id()
         slot = self.host.slot(sandbox_id, formatted_disk=self.formatted_disk)
-        starter = ForkStarter(slot, limits=self.limits, preimport=preimport, template=self.template)
+        starter = ForkStarter(
+            slot,
+            limits=self.limits,
+            preimport=preimport,
+            template=self.template,
+            trust_store=self.host.trust_store,
+        )
         return SupervisedSandbox(sandbox_id, IsolatedBox(slot, starter.launch), self.limits)
 
     def sweep(self) -> None:
