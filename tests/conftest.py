@@ -29,6 +29,7 @@ ROOT = (
     "tests/interpreter/test_replica",
     "tests/leasing/test_remote.py",
     "tests/fleet/",
+    "tests/mcp/test_real",
     "tests/egress/",
     "tests/agent/test_loop_real_sandbox",
     "tests/agent/test_inspect_real_sandbox",

@@ -8,10 +8,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx2
+from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, ImageContent, Implementation, ResourceLink, TextContent
-
-from mcp import Client
 
 MODERN = "2026-07-28"
 LEGACY = "2025-11-25"

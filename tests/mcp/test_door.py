@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx2
 import pytest
+from mcp import MCPError
 from mcp_types import EmbeddedResource, TextResourceContents
 
-from mcp import MCPError
 from sandbank.app import create_app, create_exec_app
 from sandbank.errors import AtCapacity
 from sandbank.protocol.calls import (
