@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import io
 import logging
 import time
@@ -121,12 +122,14 @@ class McpDoor:
         tenant = str(request.scope.get(TENANT_KEY, ""))
         mcp_session = request.headers.get("mcp-session-id")
         if mcp_session:
-            return Caller(tenant, f"mcp-session:{mcp_session}")
+            return Caller(tenant, "mcp-session:" + _digest(mcp_session))
         params = ctx.session.client_params
         info = params.client_info if params is not None else None
-        if info is None:
-            return Caller(tenant, "client:")
-        return Caller(tenant, f"client:{info.name}\0{info.version}")
+        declared = "" if info is None else f"{info.name}\0{info.version}"
+        # Hashed: a client's strings are its own, of any length.
+        return Caller(
+            tenant, "client:" + hashlib.sha256(declared.encode("utf-8", "replace")).hexdigest()
+        )
 
     async def _session(self, caller: Caller, args: Args) -> tuple[str, bool]:
         """(the session a call names, or the caller's default one; whether it is the default)."""
@@ -172,9 +175,10 @@ class McpDoor:
         except DefaultGone as e:
             return error_result(e.message)
         except SessionNotFound as e:
+            why = ": it ended, or it is not yours" if e.message.startswith("no session") else ""
             return error_result(
-                f"{e.message}: it ended, or it is not yours. Start a session with "
-                "start_session, or leave session_id out to work in your default session."
+                f"{e.message.rstrip('.')}{why}. Start a session with start_session, or leave "
+                "session_id out to work in your default session."
             )
         except (BadRequest, Forbidden, NotFound, PayloadTooLarge) as e:
             return error_result(e.message)
@@ -406,6 +410,11 @@ def _utf8(value: str, name: str) -> str:
             f"{name} contains a lone surrogate: it must be valid Unicode text"
         ) from None
     return value
+
+
+def _digest(text: str) -> str:
+    """A client's own strings (of any length) as a fixed-size key."""
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
 
 
 def _when(timestamp: float) -> str:
