@@ -220,7 +220,7 @@ async def test_a_handle_names_one_session_and_belongs_to_its_token(app: Any, mod
         assert len(sandbox.calls) == 2
         await alice.call_tool("end_session", {"session_id": sid})
         r = await alice.call_tool("run_python", {"code": "d", "session_id": sid})
-        assert r.is_error and "no session" in text(r)
+        assert r.is_error and "Session not found" in text(r)
 
 
 async def test_a_client_without_a_handle_works_in_its_default_session(app: Any) -> None:

@@ -155,7 +155,7 @@ async def test_a_handle_of_another_token_is_refused(server: Server, mode: str) -
         sid = (await alice.call_tool("start_session", {})).structured_content["session_id"]  # type: ignore[index]
         await alice.call_tool("run_python", {"code": "secret = 's3'", "session_id": sid})
         r = await bob.call_tool("run_python", {"code": "print(secret)", "session_id": sid})
-        assert r.is_error and "no session" in text(r) and "s3" not in text(r)
+        assert r.is_error and "Session not found" in text(r) and "s3" not in text(r)
         with pytest.raises(MCPError, match="resource not found"):
             await bob.read_resource(f"sandbank://sessions/{sid}/files/x")
         # The handle is the code-execution API's own session id, for its token only.
@@ -255,7 +255,7 @@ async def test_two_front_replicas_answer_the_same_handle(
         r = await on_b.call_tool("run_python", {"code": CHART, "session_id": sid})
         assert len(images(r)) == 1  # the figure is read from the node through the front
         r = await bob_on_b.call_tool("run_python", {"code": "print(x)", "session_id": sid})
-        assert r.is_error and "no session" in text(r)
+        assert r.is_error and "Session not found" in text(r)
 
 
 async def test_a_2026_client_needs_no_stickiness(fronts: tuple[Server, Server]) -> None:

@@ -175,10 +175,10 @@ class McpDoor:
         except DefaultGone as e:
             return error_result(e.message)
         except SessionNotFound as e:
-            why = ": it ended, or it is not yours" if e.message.startswith("no session") else ""
+            why = "it ended, or it is not yours" if e.message.startswith("no session") else ""
             return error_result(
-                f"{e.message.rstrip('.')}{why}. Start a session with start_session, or leave "
-                "session_id out to work in your default session."
+                f"Session not found: {why or e.message.rstrip('.')}. Start a session with "
+                "start_session, or leave session_id out to work in your default session."
             )
         except (BadRequest, Forbidden, NotFound, PayloadTooLarge) as e:
             return error_result(e.message)
