@@ -28,6 +28,7 @@ from sandbank.protocol.calls import (
     PythonCall,
     ToolCall,
 )
+from sandbank.protocol.sessions import SessionSpec
 from sandbank.sandbox.backends.fake import FakeBackend
 from sandbank.sandbox.local import LocalSandboxes
 from tests.mcp.support import ERAS, MODERN, http_client, images, links, text
@@ -272,6 +273,28 @@ async def test_a_default_session_that_ended_says_so_and_the_next_call_starts_afr
         assert not r.is_error and backend.sandboxes[1].closed
         r = await client.call_tool("end_session", {})
         assert "no default session" in text(r)
+
+
+async def test_a_named_session_is_given_back_while_it_lives(data: Path) -> None:
+    """What lets any replica find a caller's default session: the port keeps the name."""
+    s = settings(data, interpreter_api="off")
+    local = LocalSandboxes(s, FakeBackend(s))
+    await local.start()
+    try:
+        first, second = await asyncio.gather(
+            local.create("t1", SessionSpec(name="client-a")),
+            local.create("t1", SessionSpec(name="client-a")),
+        )
+        assert first.id == second.id  # at once, too: one session per name
+        assert (await local.create("t2", SessionSpec(name="client-a"))).id != first.id
+        assert (await local.create("t1", SessionSpec(name="client-b"))).id != first.id
+        assert (await local.create("t1")).id != first.id  # unnamed: always new
+        await local.destroy(first.id, "t1")
+        again = await local.create("t1", SessionSpec(name="client-a"))
+        assert again.id != first.id
+        assert len(local.sessions()) == 4
+    finally:
+        await local.close()
 
 
 async def test_files_tools_and_resources(app: Any) -> None:

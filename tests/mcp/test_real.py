@@ -258,6 +258,36 @@ async def test_two_front_replicas_answer_the_same_handle(
         assert r.is_error and "Session not found" in text(r)
 
 
+@pytest.mark.parametrize("mode", sorted(ERAS))
+async def test_a_default_session_is_found_from_either_front(
+    fronts: tuple[Server, Server], mode: str
+) -> None:
+    a, b = fronts
+    name = f"desktop-{mode}"
+    async with (
+        http_client(mcp_url(a), ALICE, mode=mode, name=name) as on_a,
+        http_client(mcp_url(b), ALICE, mode=mode, name=name) as on_b,
+        http_client(mcp_url(b), BOB, mode=mode, name=name) as bob_on_b,
+    ):
+        await on_a.call_tool("run_python", {"code": "where = 'a'"})
+        r = await on_b.call_tool("run_python", {"code": "print(globals().get('where'))"})
+        # The 2026-07-28 client is one caller on both fronts; two handshake-era MCP sessions
+        # are two callers, as on one server.
+        assert text(r) == ("a" if mode == "auto" else "None")
+        r = await bob_on_b.call_tool("run_python", {"code": "print(globals().get('where'))"})
+        assert text(r) == "None"  # another token: its own
+
+
+def test_a_client_cannot_name_a_session_through_a_front(fronts: tuple[Server, Server]) -> None:
+    """The node's name header is the fronts' alone: a client's never passes a front."""
+    headers = {"Authorization": f"Bearer {ALICE}", "x-sandbank-session-name": "someone-else"}
+    with httpx2.Client(base_url=fronts[0].base_url, headers=headers) as api:
+        made = [api.post("/sessions", json={}).json()["session_id"] for _ in range(2)]
+        for sid in made:
+            api.delete(f"/sessions/{sid}")
+    assert made[0] != made[1]
+
+
 async def test_a_2026_client_needs_no_stickiness(fronts: tuple[Server, Server]) -> None:
     """Every request of one client goes to the other replica than the last one."""
     ports = [f.port for f in fronts]
@@ -280,4 +310,10 @@ async def test_a_2026_client_needs_no_stickiness(fronts: tuple[Server, Server]) 
                 {"code": "n = globals().get('n', 0) + 1\nprint(n)", "session_id": sid},
             )
             assert text(r) == str(i + 1)
-    assert sent >= 5
+        # Its default session too.
+        for i in range(4):
+            r = await client.call_tool(
+                "run_python", {"code": "m = globals().get('m', 0) + 1\nprint(m)"}
+            )
+            assert text(r) == str(i + 1)
+    assert sent >= 9

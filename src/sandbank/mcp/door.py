@@ -140,7 +140,9 @@ class McpDoor:
             return given, False
 
         def create() -> Awaitable[Any]:
-            return self.sandboxes.create(caller.tenant)
+            # Named after the caller, so another replica asking for it finds the same session
+            # (on a fleet: on the node the name belongs to; see FleetSandboxes.create).
+            return self.sandboxes.create(caller.tenant, SessionSpec(name=caller.identity))
 
         session_id, _ = await self.defaults.get_or_create(caller, create)
         return session_id, True

@@ -6,7 +6,10 @@ A caller is a tenant (its bearer token, as on the code-execution API) and a clie
 - HTTP, 2026-07-28: the token and the client's declared `clientInfo` (name and version), since
   the protocol has no connection to hang state on.
 
-The default sessions are remembered by the process that made them (see `DefaultSessions`).
+A default session is a session named after its caller (`SessionSpec.name`): asking the port
+for it again gives the same session back while it lives, from any replica (on a fleet the name
+belongs to one node, the same for every front). `DefaultSessions` remembers, in this process,
+the ones it has seen, so a warm call makes one port call, not two.
 """
 
 from __future__ import annotations
@@ -35,13 +38,11 @@ class DefaultGone(SessionNotFound):
 
 
 class DefaultSessions:
-    """Each caller's default session id, in this process.
+    """Each caller's default session id as this process last knew it.
 
-    A replica behind a load balancer without stickiness makes its own default session for a
-    client it has not seen: state a client must find on every replica goes through a handle
-    (start_session), which any replica serves. A default session ends like any session (idle
-    reclaim, lifetime, end_session); the call that finds it gone says so and forgets it, and the
-    next call makes a fresh one.
+    A default session ends like any session (idle reclaim, lifetime, end_session); the call
+    that finds it gone says so and forgets it, and the next call asks the port again, which
+    makes a fresh one.
     """
 
     def __init__(self) -> None:
