@@ -126,10 +126,7 @@ class McpDoor:
         params = ctx.session.client_params
         info = params.client_info if params is not None else None
         declared = "" if info is None else f"{info.name}\0{info.version}"
-        # Hashed: a client's strings are its own, of any length.
-        return Caller(
-            tenant, "client:" + hashlib.sha256(declared.encode("utf-8", "replace")).hexdigest()
-        )
+        return Caller(tenant, "client:" + _digest(declared))
 
     async def _session(self, caller: Caller, args: Args) -> tuple[str, bool]:
         """(the session a call names, or the caller's default one; whether it is the default)."""

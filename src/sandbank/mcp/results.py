@@ -52,8 +52,9 @@ def text_of(result: ExecResult, timeout: float) -> str:
         parts.append("[stderr]\n" + result.stderr.rstrip("\n"))
     if result.return_code == RC_TIMEOUT:
         parts.append(
-            f"[timed out after {timeout:g} s: the call was interrupted (return code "
-            f"{RC_TIMEOUT}); the session's state survives unless stderr says otherwise]"
+            f"[timed out after {timeout:g} s (its timeout_seconds): the call was interrupted "
+            f"(return code {RC_TIMEOUT}); the session's state survives unless stderr says "
+            "otherwise]"
         )
     elif result.return_code != 0:
         parts.append(f"[return code {result.return_code}]")
