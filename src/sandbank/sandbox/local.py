@@ -136,6 +136,7 @@ class LocalSandboxes:
         if key is not None:
             if (raced := self._live(key)) is not None:  # made meanwhile: one session per name
                 self._destroy_in_background(session.id)
+                self.hooks.destroyed()
                 return raced.info()
             self._named[key] = session.id
         return session.info()
