@@ -47,7 +47,9 @@ def describe(doc: dict[str, Any], dotted: str) -> str:
     if isinstance(node, list):  # parameters: the first one's description
         node = node[0]
     operations = [node[m] for m in ("get", "post", "delete") if m in node]
-    if operations:  # a new path: its first operation
+    if (
+        operations and "description" not in node
+    ):  # a new path: its own words, or its first operation's
         node = operations[0]
     if "schema" in node and "description" not in node:  # a new media type of a response
         node = node["schema"]
