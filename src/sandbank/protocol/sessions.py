@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from ..egress.policy import NetworkPolicy
@@ -15,6 +15,10 @@ class SessionSpec:
     idle_timeout: int | None = None
     max_lifetime: int | None = None
     network: NetworkPolicy | None = None  # None: the operator's default policy
+    # A door's own notes on the session (kept with it, listed with it, never interpreted).
+    labels: Mapping[str, str] = field(default_factory=dict)
+    # Environment variables of every call and process of the session.
+    envs: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,12 @@ class SessionInfo:
     created_at: float
     last_activity_at: float
     network: NetworkPolicy = field(default_factory=NetworkPolicy)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def expires_at(self) -> float:
+        """When its maximum lifetime ends it (it may end earlier, idle)."""
+        return self.created_at + self.max_lifetime
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..egress.policy import NetworkPolicy
 from ..errors import AtCapacity
+from ..protocol.processes import ContextInfo
 from ..protocol.sessions import SessionInfo
 from .backends.base import Sandbox
 from .host.workspace import OpenFile
@@ -34,16 +35,23 @@ class ExecSession:
     network: NetworkPolicy = field(default_factory=NetworkPolicy)  # what its code may reach
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # FIFO: calls run in arrival order
     open_files: set[OpenFile] = field(default_factory=set)  # closed when the session goes
+    labels: dict[str, str] = field(default_factory=dict)  # a door's notes (E2B's metadata)
+    envs: dict[str, str] = field(default_factory=dict)  # of every call and process
+    contexts: dict[str, ContextInfo] = field(default_factory=dict)  # Python contexts by id
+    executions: dict[str | None, int] = field(default_factory=dict)  # notebook calls, by context
 
     def touch(self) -> None:
         self.last_activity_at = time.time()
 
     def expired(self, now: float) -> str | None:
-        if now - self.created_at > self.max_lifetime:
+        if self.outlived(now):
             return "maximum lifetime reached"
         if self.inflight == 0 and now - self.last_activity_at > self.idle_timeout:
             return "idle timeout"
         return None
+
+    def outlived(self, now: float) -> bool:
+        return now - self.created_at > self.max_lifetime
 
     @property
     def idle(self) -> bool:
@@ -57,6 +65,7 @@ class ExecSession:
             created_at=self.created_at,
             last_activity_at=self.last_activity_at,
             network=self.network,
+            labels=dict(self.labels),
         )
 
 

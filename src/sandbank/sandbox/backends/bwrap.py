@@ -114,6 +114,8 @@ class BwrapStarter:
         ]  # fmt: skip
         if egress_on:
             argv += ["--ro-bind", str(self.slot.egress_dir), egress.SOCKET_DIR_INSIDE]
+        for link, target in layout.SYMLINKS.items():
+            argv += ["--symlink", target, link]
         argv += [
             "--remount-ro", "/",
             "--chdir", "/workspace",

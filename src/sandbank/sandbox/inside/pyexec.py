@@ -38,6 +38,10 @@ class PythonRunner:
         self.cell = 0
         self.displays: list[dict[str, Any]] = []
         self.on_display: Callable[[dict[str, Any]], None] | None = None
+        # A notebook call (contexts.py): the last value is `main`, an exception `error`.
+        self.notebook = False
+        self.main: dict[str, Any] | None = None
+        self.error: dict[str, str] | None = None
 
     def display(self, *objs: Any) -> None:
         """Show objects as a notebook does (a table for a DataFrame, an image for a figure)."""
@@ -51,6 +55,7 @@ class PythonRunner:
 
     def run(self, code: str) -> int:
         self.displays = []
+        self.main = self.error = None
         status = self._run(code)
         if os.getpid() != self.owner_pid:
             # A fork of user code (os.fork) came back here: it ends, and never answers a call.
@@ -75,10 +80,10 @@ class PythonRunner:
                     raise e from None
                 tree = ast.parse(converted, filename, "exec")
             except (SyntaxError, ValueError) as e2:
-                traceback.print_exception(type(e2), e2, None)
+                self._report(e2, None)
                 return 1
         except ValueError as e:
-            traceback.print_exception(type(e), e, None)
+            self._report(e, None)
             return 1
         last = None
         # As in Jupyter, a bare last expression is echoed, unless a `;` ends the cell.
@@ -88,7 +93,9 @@ class PythonRunner:
             exec(compile(tree, filename, "exec"), self.namespace)  # noqa: S102 - the product
             if last is not None:
                 value = eval(compile(last, filename, "eval"), self.namespace)  # noqa: S307
-                if value is not None:
+                if value is not None and self.notebook:
+                    self.main = bundle(value)
+                elif value is not None:
                     print(repr(value))
                     if _is_rich(value):
                         self.display(value)
@@ -105,8 +112,15 @@ class PythonRunner:
             # Drop our own frames: the user sees only their cell's.
             while tb is not None and tb.tb_frame.f_code.co_filename in _HERE:
                 tb = tb.tb_next
-            traceback.print_exception(type(e), e, tb)
+            self._report(e, tb)
             return 130 if isinstance(e, KeyboardInterrupt) else 1
+
+    def _report(self, e: BaseException, tb: Any) -> None:
+        if self.notebook:
+            text = "".join(traceback.format_exception(type(e), e, tb))
+            self.error = {"name": type(e).__name__, "value": str(e), "traceback": text}
+        else:
+            traceback.print_exception(type(e), e, tb)
 
 
 SHELL_HOOK, PIP_HOOK = "_sandbank_shell_line", "_sandbank_pip_line"
