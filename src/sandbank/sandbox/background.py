@@ -23,8 +23,8 @@ from ..errors import (
     BadRequest,
     Conflict,
     NotFound,
-    SandboxError,
     SandbankError,
+    SandboxError,
 )
 from ..protocol.filesystem import ChangeKind, FsChange
 from ..protocol.processes import (

@@ -36,10 +36,10 @@ from ..protocol.filesystem import FsChange, FsEntry
 from ..protocol.processes import ContextInfo, ProcessEvent, ProcessInfo, ProcessSpec, Signal
 from ..protocol.sessions import Download, FileEntry, FormPart, SessionInfo, SessionSpec
 from . import files
-from .host.tree import Tree
-from .host.workspace import SANDBOX_ROOT, split
 from .backends import backend_for
 from .backends.base import Backend
+from .host.tree import Tree
+from .host.workspace import SANDBOX_ROOT, split
 from .pool import WarmPool
 from .sessions import ExecSession, victim
 from .supervisor import restore_root
