@@ -232,9 +232,7 @@ class Background:
     ) -> AsyncIterator[ProcessEvent]:
         try:
             yield Started(pid)
-            if record is None:  # it ended before this stream began
-                yield Exited(-1, False, "", "the process ended before it could be followed")
-                return
+            # A quick process may have ended already: its events wait in the listener.
             while True:
                 event = await listener.get()
                 yield event

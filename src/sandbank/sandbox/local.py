@@ -41,7 +41,7 @@ from .backends.base import Backend
 from .host.tree import Tree
 from .host.workspace import SANDBOX_ROOT, split
 from .pool import WarmPool
-from .sessions import ExecSession, victim
+from .sessions import ExecSession, Watcher, victim
 from .supervisor import restore_root
 
 log = logging.getLogger(__name__)
@@ -270,6 +270,9 @@ class LocalSandboxes:
         # A client's open download or upload must not keep the workspace's disk busy.
         for open_file in list(session.open_files):
             open_file.close()
+        for watcher in session.watchers.values():
+            if watcher.task is not None:
+                watcher.task.cancel()
         try:
             await session.sandbox.close()
         except Exception:
@@ -407,6 +410,36 @@ class LocalSandboxes:
         inside = "/".join([SANDBOX_ROOT, *split(path)])  # as the sandbox names it
         return await session.sandbox.watch(inside, recursive)
 
+    async def create_watcher(self, session_id: str, tenant: str, path: str, recursive: bool) -> str:
+        session = self.session(session_id, tenant)
+        if len(session.watchers) >= MAX_WATCHERS:
+            raise AtCapacity(f"a session has at most {MAX_WATCHERS} watchers", retry_after=1)
+        changes = await self.watch(session_id, tenant, path, recursive)
+        watcher = Watcher()
+
+        async def collect() -> None:
+            async for change in changes:
+                watcher.add(change)
+
+        watcher.task = asyncio.create_task(collect())
+        watcher_id = secrets.token_urlsafe(12)
+        session.watchers[watcher_id] = watcher
+        return watcher_id
+
+    async def watcher_changes(
+        self, session_id: str, tenant: str, watcher_id: str
+    ) -> list[FsChange]:
+        watcher = self.session(session_id, tenant).watchers.get(watcher_id)
+        if watcher is None:
+            raise NotFound(f"watcher {watcher_id!r} not found")
+        changes, watcher.pending = watcher.pending, []
+        return changes
+
+    async def remove_watcher(self, session_id: str, tenant: str, watcher_id: str) -> None:
+        watcher = self.session(session_id, tenant).watchers.pop(watcher_id, None)
+        if watcher is not None and watcher.task is not None:
+            watcher.task.cancel()
+
     # --- reaping -------------------------------------------------------------------------
     async def _reap_forever(self) -> None:
         while True:
@@ -448,6 +481,7 @@ class LocalSandboxes:
 
 
 MAX_CONTEXTS = 32  # Python contexts per session
+MAX_WATCHERS = 32  # polled watchers per session
 
 
 def _context(session: ExecSession, context_id: str) -> ContextInfo:

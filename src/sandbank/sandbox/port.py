@@ -177,6 +177,19 @@ class Sandboxes(Protocol):
         """Changes under a workspace directory, from the moment this returns."""
         ...
 
+    async def create_watcher(self, session_id: str, tenant: str, path: str, recursive: bool) -> str:
+        """A watch kept with the session, its changes collected until asked for (any door of a
+        fleet may ask); its id."""
+        ...
+
+    async def watcher_changes(
+        self, session_id: str, tenant: str, watcher_id: str
+    ) -> list[FsChange]:
+        """The watcher's changes since the last time; `NotFound` for an unknown watcher."""
+        ...
+
+    async def remove_watcher(self, session_id: str, tenant: str, watcher_id: str) -> None: ...
+
 
 def visible(path: str) -> bool:
     return not any(part.startswith(HIDDEN_PREFIX) for part in path.split("/"))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..egress.policy import NetworkPolicy
 from ..errors import AtCapacity
+from ..protocol.filesystem import FsChange
 from ..protocol.processes import ContextInfo
 from ..protocol.sessions import SessionInfo
 from .backends.base import Sandbox
@@ -39,6 +40,7 @@ class ExecSession:
     envs: dict[str, str] = field(default_factory=dict)  # of every call and process
     contexts: dict[str, ContextInfo] = field(default_factory=dict)  # Python contexts by id
     executions: dict[str | None, int] = field(default_factory=dict)  # notebook calls, by context
+    watchers: dict[str, Watcher] = field(default_factory=dict)  # watches polled by id
 
     def touch(self) -> None:
         self.last_activity_at = time.time()
@@ -67,6 +69,23 @@ class ExecSession:
             network=self.network,
             labels=dict(self.labels),
         )
+
+
+@dataclass(eq=False)
+class Watcher:
+    """A watch whose changes wait to be polled (at most MAX_PENDING; the rest are dropped)."""
+
+    task: asyncio.Task[None] | None = None
+    pending: list[FsChange] = field(default_factory=list)
+    dropped: int = 0
+
+    MAX_PENDING = 10000
+
+    def add(self, change: FsChange) -> None:
+        if len(self.pending) < self.MAX_PENDING:
+            self.pending.append(change)
+        else:
+            self.dropped += 1
 
 
 def victim(
