@@ -3,6 +3,7 @@ its plain HTTP `/files` and `/health`, each a call on the sandbox port."""
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -190,10 +191,8 @@ class Envd:
         event = m.change(c)
         if entry:
             rel = posixpath.normpath(posixpath.join(base, c.path))
-            try:
+            with contextlib.suppress(SandbankError):  # gone already (a removal): no entry
                 event["entry"] = m.entry(await self.sandboxes.stat(t.session, t.tenant, rel))
-            except SandbankError:
-                pass  # gone already (a removal): no entry
         return event
 
     async def watch_dir(self, t: Target, msg: Message, call: Call) -> AsyncIterator[Message]:

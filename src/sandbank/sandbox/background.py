@@ -45,6 +45,8 @@ GONE = "the sandbox's interpreter was restarted or the session ended; its proces
 
 
 class Worker(Protocol):
+    """What is asked of a worker here: sending it a frame."""
+
     async def send(self, msg: dict[str, Any]) -> None: ...
 
 
