@@ -44,6 +44,8 @@ ROOT = (
     "tests/test_cli",
     "tests/test_doctor",
     "tests/test_fuzz",
+    "tests/e2b/test_python_sdk",
+    "tests/e2b/test_js_sdk",
 )
 CHROMIUM = (
     "tests/web/test_ui",

@@ -21,7 +21,7 @@ from . import connect
 from . import messages as m
 from .connect import Call, ConnectError, Message
 
-MAX_FILE = 1 << 40  # the workspace's disk is the bound
+SIZED_UP_TO = 8 * 1024 * 1024  # a download of unknown size is read this far to size it
 
 
 @dataclass(frozen=True)
@@ -251,12 +251,21 @@ class Envd:
         name = download.name.replace('"', "").replace("\r", "").replace("\n", "")
         headers = {
             "Content-Disposition": f'inline; filename="{name}"',
-            "Content-Length": str(download.size),
             "X-Content-Type-Options": "nosniff",
         }
-        return StreamingResponse(
-            download.chunks, media_type="application/octet-stream", headers=headers
-        )
+        chunks = download.chunks
+        if download.size >= 0:
+            headers["Content-Length"] = str(download.size)
+        else:  # its size is unknown (a fleet node's stream): small files are sized, as JS wants
+            head = bytearray()
+            async for chunk in chunks:
+                head += chunk
+                if len(head) > SIZED_UP_TO:
+                    break
+            else:
+                headers["Content-Length"] = str(len(head))
+            chunks = _then(bytes(head), chunks)
+        return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
 
     async def upload(self, t: Target, request: Request) -> Response:
         target = request.query_params.get("path")
@@ -308,6 +317,13 @@ class Envd:
 
 def envd_error(status: int, message: str) -> Response:
     return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+async def _then(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if head:
+        yield head
+    async for chunk in rest:
+        yield chunk
 
 
 async def _events(events: AsyncIterator[Any]) -> AsyncIterator[Message]:
