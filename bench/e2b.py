@@ -52,7 +52,7 @@ def start_server(data: Path, port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(300):
         try:
-            with urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:  # noqa: S310
+            with urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
                 if json.load(r).get("pool_ready", 0) >= 4:
                     return proc
         except OSError:
@@ -132,14 +132,13 @@ def main() -> None:
             report("  Otari Execute (http.client)", times["otari"])
             report("  Otari Execute (httpx)", times["otari_httpx"])
             report("  E2B /execute alone (http.client)", times["door"])
-            diffs = [a - b for a, b in zip(times["sdk"], times["otari_httpx"], strict=True)]
-            print(
-                f"  SDK minus Otari/httpx, median of paired differences: {statistics.median(diffs):.2f} ms"
-            )
-            diffs = [a - b for a, b in zip(times["door"], times["otari"], strict=True)]
-            print(
-                f"  /execute minus Otari (both http.client), paired: {statistics.median(diffs):.2f} ms"
-            )
+            for a, b, what in (
+                ("sdk", "otari_httpx", "SDK minus Otari with httpx"),
+                ("sdk", "otari", "SDK minus Otari with http.client"),
+                ("door", "otari", "/execute minus Otari, both with http.client"),
+            ):
+                paired = [x - y for x, y in zip(times[a], times[b], strict=True)]
+                print(f"  {what}, paired median: {statistics.median(paired):.2f} ms")
             sbx.kill()
         creates: dict[str, list[float]] = {"sdk": [], "raw": [], "otari": []}
         control = Raw(port, {"x-api-key": KEY})
