@@ -104,6 +104,8 @@ class Call:
         self.request = request
         raw = request.headers.get("connect-timeout-ms", "")
         self.timeout = int(raw) / 1000 if raw.isdigit() and int(raw) > 0 else None
+        now = asyncio.get_running_loop().time()
+        self.deadline = None if self.timeout is None else now + self.timeout  # the loop's clock
         ping = request.headers.get("keepalive-ping-interval", "")
         self.keepalive = float(ping) if ping.isdigit() and int(ping) > 0 else KEEPALIVE_DEFAULT
 
@@ -185,25 +187,24 @@ async def server_stream(request: Request, handler: Streaming) -> Response:
         if len(messages) != 1:
             raise ConnectError("invalid_argument", "a server stream takes exactly one message")
         stream = handler(messages[0], call)
-        first = await _first(stream, call.timeout)
+        first = await _first(stream, call.deadline)
     except (ConnectError, SandbankError, TimeoutError) as e:
         return StreamingResponse(_once(end_stream(connect_error(e))), media_type=_STREAM)
-    return StreamingResponse(_rest(first, stream, call.timeout), media_type=_STREAM)
+    return StreamingResponse(_rest(first, stream, call.deadline), media_type=_STREAM)
 
 
 _STREAM = "application/connect+json"
 
 
-async def _first(stream: AsyncIterator[Message], timeout: float | None) -> Message | None:
+async def _first(stream: AsyncIterator[Message], deadline: float | None) -> Message | None:
     """The stream's first message, so that a failing call fails before its answer starts."""
-    async with asyncio.timeout(timeout):
+    async with asyncio.timeout_at(deadline):
         return await anext(stream, None)
 
 
 async def _rest(
-    first: Message | None, stream: AsyncIterator[Message], timeout: float | None
+    first: Message | None, stream: AsyncIterator[Message], deadline: float | None
 ) -> AsyncIterator[bytes]:
-    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     try:
         if first is not None:
             yield envelope(0, first)

@@ -407,8 +407,7 @@ class LocalSandboxes:
         self, session_id: str, tenant: str, path: str, recursive: bool
     ) -> AsyncIterator[FsChange]:
         session = self.session(session_id, tenant)
-        inside = "/".join([SANDBOX_ROOT, *split(path)])  # as the sandbox names it
-        return await session.sandbox.watch(inside, recursive)
+        return await session.sandbox.watch("/".join(split(path)) or ".", recursive)
 
     async def create_watcher(self, session_id: str, tenant: str, path: str, recursive: bool) -> str:
         session = self.session(session_id, tenant)

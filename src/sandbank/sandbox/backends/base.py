@@ -89,7 +89,7 @@ class Sandbox(Protocol):
         ...
 
     async def watch(self, path: str, recursive: bool) -> AsyncIterator[FsChange]:
-        """Changes under a directory (a sandbox path), once the watch is in place."""
+        """Changes under a workspace directory (a relative path), once the watch is in place."""
         ...
 
     async def drop_context(self, context: str) -> None:

@@ -64,7 +64,10 @@ class Processes:
         cmd = str(msg.get("cmd") or "")
         args = [str(a) for a in msg.get("args") or []]
         envs = {str(k): str(v) for k, v in (msg.get("envs") or {}).items()}
-        cwd = str(msg.get("cwd") or os.environ.get("SANDBANK_WORKSPACE", "/workspace"))
+        # A relative directory is the workspace's (whose path differs without isolation).
+        cwd = os.path.join(
+            os.environ.get("SANDBANK_WORKSPACE", "/workspace"), str(msg.get("cwd") or "")
+        )
         if not cmd:
             raise ServiceError("invalid_argument", "the command is empty")
         if not os.path.isdir(cwd):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -18,6 +19,8 @@ from typing import Any, Protocol
 from . import protocol as p
 from .processes import Processes, ServiceError
 from .watch import Watches
+
+WORKSPACE = os.environ.get("SANDBANK_WORKSPACE", "/workspace")
 
 
 class Channel(Protocol):
@@ -96,7 +99,8 @@ class Services:
             self.processes.signal(msg.get("pid"), str(msg.get("signal")))
             return {}
         if op == p.SVC_WATCH:
-            return {"wid": self.watches.watch(str(msg.get("path")), bool(msg.get("recursive")))}
+            path = os.path.join(WORKSPACE, str(msg.get("path")))  # relative: the workspace's
+            return {"wid": self.watches.watch(path, bool(msg.get("recursive")))}
         if op == p.SVC_UNWATCH:
             self.watches.unwatch(msg.get("wid"))
             return {}

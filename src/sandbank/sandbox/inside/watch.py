@@ -128,18 +128,12 @@ class Watch(threading.Thread):
                 continue
             rel = f"{base}/{name}" if base and name else (name or base)
             shown = p.display_name(rel)
-            if mask & IN_CREATE:
+            if mask & (IN_CREATE | IN_MOVED_TO):
                 changes.append([shown, "create"])
-                if mask & IN_ISDIR and self.recursive:
-                    with contextlib.suppress(OSError):
-                        self._add(rel)
-            if mask & IN_MOVED_TO:
-                changes.append([shown, "create"])
-                if self._has_content(rel):
+                if mask & IN_MOVED_TO and self._has_content(rel):
                     changes.append([shown, "write"])
                 if mask & IN_ISDIR and self.recursive:
-                    with contextlib.suppress(OSError):
-                        self._add(rel)
+                    changes += self._follow(rel)
             if mask & IN_MODIFY:
                 changes.append([shown, "write"])
             if mask & (IN_DELETE | IN_DELETE_SELF):
@@ -149,6 +143,22 @@ class Watch(threading.Thread):
             if mask & IN_ATTRIB:
                 changes.append([shown, "chmod"])
         return changes
+
+    def _follow(self, rel: str) -> list[list[str]]:
+        """Watch a new directory, and tell what was made in it before the watch was in place."""
+        found: list[list[str]] = []
+        with contextlib.suppress(OSError):
+            self._add(rel)
+            for dirpath, dirnames, filenames in os.walk(os.path.join(self.root, rel)):
+                for name in dirnames + filenames:
+                    inner = os.path.relpath(os.path.join(dirpath, name), self.root)
+                    found.append([p.display_name(inner), "create"])
+                    if name in filenames and self._has_content(inner):
+                        found.append([p.display_name(inner), "write"])
+                for name in dirnames:
+                    with contextlib.suppress(OSError):
+                        self._add(os.path.relpath(os.path.join(dirpath, name), self.root))
+        return found
 
     def _has_content(self, rel: str) -> bool:
         try:
