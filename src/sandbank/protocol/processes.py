@@ -19,8 +19,8 @@ SIGNALS: tuple[Signal, ...] = ("TERM", "KILL")
 class ProcessSpec:
     """What starts a process: argv, environment (added to the session's), directory, stdin.
 
-    `cwd` is a path as the sandbox sees it (relative, or None: the workspace's). `timeout` is its lifetime in
-    seconds (None: until it exits or is signalled); `tag` a client's name for it.
+    `cwd` is a path as the sandbox sees it (relative, or None: the workspace's). `timeout` is
+    its lifetime in seconds (None: until it exits or is signalled); `tag` a client's name.
     """
 
     cmd: str
