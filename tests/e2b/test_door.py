@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import json
 import struct
@@ -261,6 +262,22 @@ def test_files_up_and_down(client: TestClient) -> None:
     assert [f["path"] for f in r.json()] == ["/home/user/up/b.txt", "/home/user/up/c.txt"]
     r = client.get("/files", params={"path": "up/a.txt"}, headers=inside(sbx))
     assert r.status_code == 200 and r.content == b"hello" and r.headers["content-length"] == "5"
+    octets = {**inside(sbx), "Content-Type": "application/octet-stream"}
+    r = client.post(
+        "/files",
+        params={"path": "z.txt"},
+        headers={**octets, "Content-Encoding": "gzip"},
+        content=gzip.compress(b"zipped"),
+    )
+    assert r.status_code == 200 and r.json()[0]["path"] == "/home/user/z.txt"
+    assert client.get("/files", params={"path": "z.txt"}, headers=inside(sbx)).content == b"zipped"
+    r = client.post(
+        "/files",
+        params={"path": "z.txt"},
+        headers={**octets, "Content-Encoding": "gzip"},
+        content=b"not gzip",
+    )
+    assert r.status_code == 400
     r = client.get("/files", params={"path": "up/none"}, headers=inside(sbx))
     assert r.status_code == 404 and r.json()["code"] == 404
     r = client.get("/files", params={"path": "up"}, headers=inside(sbx))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import posixpath
+import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from . import connect
 from . import messages as m
 from .connect import Call, ConnectError, Message
 
+GUNZIP_CHUNK = 1024 * 1024
 SIZED_UP_TO = 8 * 1024 * 1024  # a download of unknown size is read this far to size it
 
 
@@ -287,7 +289,13 @@ class Envd:
         elif (content_type or "").split(";")[0].strip() == "application/octet-stream":
             if not target:
                 raise BadRequest("an octet-stream upload needs the path query parameter")
-            written.append(await self._write(t, m.workspace_path(target), request.stream()))
+            body = request.stream()
+            encoding = request.headers.get("content-encoding", "identity").strip().lower()
+            if encoding == "gzip":  # the SDKs' `gzip=True`
+                body = _gunzipped(body)
+            elif encoding != "identity":
+                return envd_error(400, f"unsupported content encoding {encoding!r}")
+            written.append(await self._write(t, m.workspace_path(target), body))
         else:
             return envd_error(400, "expected multipart/form-data or application/octet-stream")
         return JSONResponse(written)
@@ -317,6 +325,22 @@ class Envd:
 
 def envd_error(status: int, message: str) -> Response:
     return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+async def _gunzipped(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A gzip body, decompressed as it comes, at most CHUNK bytes at a time (the workspace's
+    disk bounds the whole)."""
+    inflate = zlib.decompressobj(wbits=31)
+    try:
+        async for chunk in chunks:
+            data = inflate.decompress(chunk, GUNZIP_CHUNK)
+            while data:
+                yield data
+                data = inflate.decompress(inflate.unconsumed_tail, GUNZIP_CHUNK)
+        if not inflate.eof:
+            raise BadRequest("the gzip body is truncated")
+    except zlib.error:
+        raise BadRequest("the body is not valid gzip") from None
 
 
 async def _then(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
