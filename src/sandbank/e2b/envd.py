@@ -289,7 +289,7 @@ class Envd:
         elif (content_type or "").split(";")[0].strip() == "application/octet-stream":
             if not target:
                 raise BadRequest("an octet-stream upload needs the path query parameter")
-            body = request.stream()
+            body: AsyncIterator[bytes] = request.stream()
             encoding = request.headers.get("content-encoding", "identity").strip().lower()
             if encoding == "gzip":  # the SDKs' `gzip=True`
                 body = _gunzipped(body)

@@ -7,6 +7,7 @@ the machine is gone, so a chat's next turn leases a new sandbox and tells the ag
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -96,12 +97,18 @@ class FleetSandboxes:
 
     async def list_sessions(self, tenant: str) -> list[SessionInfo]:
         """Every node's sessions of the tenant (a node that does not answer lists none)."""
-        found: list[SessionInfo] = []
-        for member in self.fleet.membership.up():
+        members = self.fleet.membership.up()
+
+        async def listing(member: Member) -> list[SessionInfo]:
             try:
-                listed = await self._client(member).list_sessions()
+                return await self._client(member).list_sessions()
             except (NodeGone, SandbankError):
-                continue
+                return []
+
+        found: list[SessionInfo] = []
+        for member, listed in zip(
+            members, await asyncio.gather(*map(listing, members)), strict=True
+        ):
             for info in listed:
                 if info.labels.get(TENANT_LABEL) == tenant and member.instance:
                     local = member.instance + info.id
