@@ -1,6 +1,6 @@
 """The E2B door's cost: the real E2B Python SDK against the same server's Otari protocol.
 
-    .venv/bin/python bench/e2b.py [--rounds 200]
+    .venv/bin/python bench/e2b_door.py [--rounds 200]
 
 Starts a `sandbank serve` of its own (fork isolation, a warm pool of 4) and prints medians:
 - a warm `run_code("1+1")` through the SDK, beside the same call on the Otari protocol (one
