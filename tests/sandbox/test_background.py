@@ -18,6 +18,15 @@ from sandbank.sandbox.sessions import ExecSession
 
 pytestmark = [pytest.mark.anyio, pytest.mark.claims(INTERPRETERS)]
 T = "tests"
+# Whether a `sleep` is left, once the kill has been delivered and the dead reaped (up to 3 s).
+GONE_SLEEP = (
+    "import subprocess, time\n"
+    "for _ in range(30):\n"
+    "    if subprocess.run(['pgrep', '-x', 'sleep'], capture_output=True).returncode == 1:\n"
+    "        break\n"
+    "    time.sleep(0.1)\n"
+    "print(subprocess.run(['pgrep', '-x', 'sleep'], capture_output=True).returncode)"
+)
 
 
 def bash(command: str, **kwargs: object) -> ProcessSpec:
@@ -72,7 +81,7 @@ async def test_a_background_process_is_listed_signalled_and_outlives_its_listene
     r = await runtime.execute(
         session.id,
         T,
-        PythonCall("import subprocess; print(subprocess.run(['pgrep', '-x', 'sleep']).returncode)"),
+        PythonCall(GONE_SLEEP),
         20,
     )
     assert r.stdout == "1\n" or backend_name == "none", r.stderr
