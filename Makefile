@@ -24,6 +24,12 @@ $(VENV)/.dev-installed: $(VENV)/.installed pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $@
 
+# The E2B JS SDK the tests drive (tests/e2b), from npm; node and npm come from the dev extra.
+E2B_JS := tests/e2b/js
+$(E2B_JS)/node_modules/.installed: $(VENV)/.dev-installed $(E2B_JS)/package.json $(E2B_JS)/package-lock.json
+	cd $(E2B_JS) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
 # The sandbox runtime: its own venv from Debian's Python, readable by the sandbox users, sealed
 # (no host path inside; pip refuses installs at run time; the list of its packages written into
 # it) and packed as an image (.runtime.img). runtime/requirements.txt pins every package
@@ -45,7 +51,7 @@ $(RUNTIME)/.installed: $(RUNTIME)/.packages runtime/sb-init.c scripts/seal-runti
 
 install: system-deps $(VENV)/.installed $(RUNTIME)/.installed
 
-install-dev: test-system-deps install $(VENV)/.dev-installed
+install-dev: test-system-deps install $(VENV)/.dev-installed $(E2B_JS)/node_modules/.installed
 
 run: install
 	$(VENV)/bin/sandbank serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)
@@ -77,4 +83,4 @@ bench: install
 	$(VENV)/bin/python bench/runtime.py
 
 clean:
-	rm -rf $(VENV) $(RUNTIME) $(RUNTIME).img
+	rm -rf $(VENV) $(RUNTIME) $(RUNTIME).img $(E2B_JS)/node_modules

@@ -24,6 +24,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from .agent.anyllm import model_from_settings
 from .agent.model import Model
 from .config import Settings
+from .e2b.door import E2bDoor, E2bRouting
 from .errors import ConfigError, ModelEndpointRefused, ModelNotConfigured, SandbankError
 from .execapi import openapi
 from .execapi.admin import sessions_endpoint
@@ -227,6 +228,11 @@ class Services:
         self.mcp: McpHttp | None = None
         if s.exec_api != "off" and s.role != "node":
             self.mcp = McpHttp(McpDoor(door_sandboxes, s), self.auth)
+        # E2B's API beside the code-execution API, over the same sandboxes and tenants.
+        self.e2b: E2bDoor | None = None
+        if s.e2b_api == "on" and s.exec_api != "off" and s.role != "node":
+            secret = s.fleet_token.get_secret_value() if s.role == "front" else ""
+            self.e2b = E2bDoor(door_sandboxes, self.auth, s, secret)
         self.interpreter: Interpreter | None = None
         if s.interpreter_api == "on":
             if s.sandbox_url:
@@ -332,6 +338,8 @@ def create_app(
         routes += services.node.routes()
         token = settings.fleet_token.get_secret_value()
         middleware.append(Middleware(FleetGate, token=token, control=services.node))
+    if services.e2b is not None and settings.exec_api == "on":
+        middleware.append(Middleware(E2bRouting, door=services.e2b))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -357,7 +365,7 @@ def create_app(
 
 def create_exec_app(services: Services, settings: Settings) -> Starlette:
     """The code-execution API alone, for a listener of its own over the main app's services
-    (whose lifespan runs them, MCP's transport included)."""
+    (whose lifespan runs them, MCP's transport included; E2B's API beside it)."""
     routes: list[BaseRoute] = [
         *services.exec_api.routes(),
         Route("/openapi.json", _openapi, methods=["GET"]),
@@ -365,12 +373,15 @@ def create_exec_app(services: Services, settings: Settings) -> Starlette:
     ]
     if services.mcp is not None:
         routes.append(services.mcp.route())
+    middleware = [
+        Middleware(AccessMiddleware, metrics=services.metrics),
+        Middleware(HostAllowList, allowed=settings.allowed_hosts.split(",")),
+    ]
+    if services.e2b is not None:
+        middleware.append(Middleware(E2bRouting, door=services.e2b))
     return Starlette(
         routes=routes,
-        middleware=[
-            Middleware(AccessMiddleware, metrics=services.metrics),
-            Middleware(HostAllowList, allowed=settings.allowed_hosts.split(",")),
-        ],
+        middleware=middleware,
         exception_handlers=EXCEPTION_HANDLERS,
     )
 

@@ -231,6 +231,13 @@ class Settings(BaseSettings):
         "all (`off`), or on a listener of its own at `exec_api_host`:`exec_api_port` "
         "(`separate`).",
     )
+    e2b_api: Literal["on", "off"] = Field(
+        "on",
+        description="Serve E2B's API (control plane, envd, code interpreter) beside the "
+        "code-execution API, wherever that is served, so the E2B SDKs work with "
+        '`E2B_API_URL` and `E2B_SANDBOX_URL` set to this server (README, "Using the E2B SDKs"); '
+        "API keys are the code-execution tokens.",
+    )
     exec_api_host: str = Field(
         "127.0.0.1", description="Address of the code-execution API's own listener (`separate`)."
     )

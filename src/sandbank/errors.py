@@ -12,6 +12,7 @@
     ├── NotFound                       404  not_found                 1020
     │   └── SessionNotFound            404  session_not_found         1021
     ├── Conflict                       409  conflict                  1030
+    │   ├── AlreadyExists              409  already_exists            1031
     │   ├── RunInProgress              409  run_in_progress           1110
     │   ├── TooManyRuns                409  too_many_runs             1111
     │   ├── QuotaExceeded              409  quota_exceeded            1112
@@ -136,6 +137,13 @@ class Conflict(SandbankError):
     status = 409
     code = "conflict"
     number = 1030
+
+
+class AlreadyExists(Conflict):
+    """What was to be made is there already (a directory)."""
+
+    code = "already_exists"
+    number = 1031
 
 
 class RunInProgress(Conflict):

@@ -105,7 +105,7 @@ async def test_the_hosts_loopback_and_the_servers_port_are_unreachable(sb: Shell
 async def test_host_files_are_invisible(sb: Shell, runtime: LocalSandboxes) -> None:
     data_dir = runtime.settings.data_dir.resolve()
     probes = [
-        "/etc/shadow", "/root", "/home", "/var", "/srv", "/run", "/sys",
+        "/etc/shadow", "/root", "/var", "/srv", "/run", "/sys",
         str(REPO), str(REPO / "src"), str(data_dir), str(data_dir / "sandboxes"),
         os.path.expanduser("~"),
     ]  # fmt: skip
@@ -114,6 +114,9 @@ async def test_host_files_are_invisible(sb: Shell, runtime: LocalSandboxes) -> N
     )
     seen = json.loads(r.stdout)
     assert not any(seen.values()), seen
+    # /home holds the link E2B's user home is (to the workspace), nothing of the host's.
+    r = await sb.py("import os\nprint(os.listdir('/home'), os.readlink('/home/user'))")
+    assert r.stdout == "['user'] /workspace\n", r.stderr
     r = await sb.sh("touch /usr/evil /opt/sandbank/runtime/evil /evil 2>&1; echo $?")
     assert "Read-only file system" in r.stdout and r.stdout.strip().endswith("1")
 

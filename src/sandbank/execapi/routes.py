@@ -22,6 +22,7 @@ from ..protocol import codec
 from ..protocol.calls import Display, Done, Event, Output
 from ..protocol.sessions import SESSION_NAME_HEADER, FormPart
 from ..sandbox.port import Sandboxes
+from .beside import BesideApi
 
 
 class ExecApi:
@@ -31,6 +32,7 @@ class ExecApi:
         self.sandboxes = sandboxes
         self.auth = auth
         self.settings = settings
+        self.beside = BesideApi(sandboxes, auth)
 
     def routes(self) -> list[Route]:
         return grouped_routes(
@@ -42,6 +44,7 @@ class ExecApi:
                 ("/sessions/{session_id}/files", "GET", self.get_file),
                 ("/sessions/{session_id}/files", "POST", self.put_file),
                 ("/health", "GET", self.health),
+                *self.beside.table(),
             ]
         )
 

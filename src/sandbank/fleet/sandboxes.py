@@ -7,16 +7,20 @@ the machine is gone, so a chat's next turn leases a new sandbox and tells the ag
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hashlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
-from ..errors import SessionNotFound
+from ..errors import SandbankError, SessionNotFound
 from ..protocol import codec
 from ..protocol.calls import Event, ExecResult, ToolCall
 from ..protocol.client import JSON, Body, ExecClient, error_of
+from ..protocol.filesystem import FsChange, FsEntry
 from ..protocol.http1 import Reply
+from ..protocol.processes import ContextInfo, ProcessEvent, ProcessInfo, ProcessSpec, Signal
 from ..protocol.sessions import (
     SESSION_NAME_HEADER,
     Download,
@@ -29,6 +33,9 @@ from .front import Fleet, NodeGone, gone
 from .membership import Member
 
 T = TypeVar("T")
+# Nodes know no tenants (the fronts' ids do): a session's tenant is kept with it as this label,
+# so that a front can list a tenant's sessions.
+TENANT_LABEL = "sandbank.fleet.tenant"
 
 
 class MemberTransport:
@@ -81,6 +88,7 @@ class FleetSandboxes:
 
     async def create(self, tenant: str, spec: SessionSpec | None = None) -> SessionInfo:
         spec = spec or SessionSpec()
+        spec = dataclasses.replace(spec, labels={**spec.labels, TENANT_LABEL: tenant})
         body = json.dumps(codec.encode_create(spec)).encode()
         headers = {"content-type": JSON}
         prefer = None
@@ -97,12 +105,118 @@ class FleetSandboxes:
         reply, handle = await self.fleet.place(tenant, create, prefer)
         if reply.status != 201:
             raise error_of(reply)
-        return codec.decode_handle(handle)
+        return _public(codec.decode_handle(handle), handle["session_id"])
 
     async def get(self, session_id: str, tenant: str) -> SessionInfo:
-        # Nodes answer GetSession as a listing does: 404 once the session is gone.
-        await self._on(session_id, tenant, lambda c, local: c.list_files(local, "."))
-        return SessionInfo(session_id, 0, 0, 0.0, 0.0)
+        info = await self._on(session_id, tenant, lambda c, local: c.get(local))
+        return _public(info, session_id)
+
+    async def list_sessions(self, tenant: str) -> list[SessionInfo]:
+        """Every node's sessions of the tenant (a node that does not answer lists none)."""
+        members = self.fleet.membership.up()
+
+        async def listing(member: Member) -> list[SessionInfo]:
+            try:
+                return await self._client(member).list_sessions()
+            except (NodeGone, SandbankError):
+                return []
+
+        found: list[SessionInfo] = []
+        for member, listed in zip(
+            members, await asyncio.gather(*map(listing, members)), strict=True
+        ):
+            for info in listed:
+                if info.labels.get(TENANT_LABEL) == tenant and member.instance:
+                    local = member.instance + info.id
+                    found.append(_public(info, self.fleet.ids.sign(tenant, member.name, local)))
+        return sorted(found, key=lambda i: i.created_at)
+
+    async def set_lifetime(self, session_id: str, tenant: str, seconds: int) -> SessionInfo:
+        info = await self._on(session_id, tenant, lambda c, local: c.set_lifetime(local, seconds))
+        return _public(info, session_id)
+
+    async def create_context(
+        self, session_id: str, tenant: str, cwd: str | None = None
+    ) -> ContextInfo:
+        return await self._on(session_id, tenant, lambda c, local: c.create_context(local, cwd))
+
+    async def list_contexts(self, session_id: str, tenant: str) -> list[ContextInfo]:
+        return await self._on(session_id, tenant, lambda c, local: c.list_contexts(local))
+
+    async def restart_context(self, session_id: str, tenant: str, context_id: str) -> None:
+        await self._on(session_id, tenant, lambda c, local: c.restart_context(local, context_id))
+
+    async def remove_context(self, session_id: str, tenant: str, context_id: str) -> None:
+        await self._on(session_id, tenant, lambda c, local: c.remove_context(local, context_id))
+
+    async def start_process(
+        self, session_id: str, tenant: str, spec: ProcessSpec
+    ) -> AsyncIterator[ProcessEvent]:
+        member, local = self.fleet.route(tenant, session_id)
+        try:
+            async for event in await self._client(member).start_process(local, spec):
+                yield event
+        except NodeGone:
+            raise gone(session_id, member.name) from None
+
+    async def connect_process(
+        self, session_id: str, tenant: str, pid: int
+    ) -> AsyncIterator[ProcessEvent]:
+        member, local = self.fleet.route(tenant, session_id)
+        try:
+            async for event in await self._client(member).connect_process(local, pid):
+                yield event
+        except NodeGone:
+            raise gone(session_id, member.name) from None
+
+    async def list_processes(self, session_id: str, tenant: str) -> list[ProcessInfo]:
+        return await self._on(session_id, tenant, lambda c, local: c.list_processes(local))
+
+    async def send_stdin(self, session_id: str, tenant: str, pid: int, data: bytes) -> None:
+        await self._on(session_id, tenant, lambda c, local: c.send_stdin(local, pid, data))
+
+    async def close_stdin(self, session_id: str, tenant: str, pid: int) -> None:
+        await self._on(session_id, tenant, lambda c, local: c.close_stdin(local, pid))
+
+    async def signal_process(self, session_id: str, tenant: str, pid: int, sig: Signal) -> None:
+        await self._on(session_id, tenant, lambda c, local: c.signal_process(local, pid, sig))
+
+    async def stat(self, session_id: str, tenant: str, path: str) -> FsEntry:
+        return await self._on(session_id, tenant, lambda c, local: c.stat(local, path))
+
+    async def list_tree(self, session_id: str, tenant: str, path: str, depth: int) -> list[FsEntry]:
+        return await self._on(session_id, tenant, lambda c, local: c.list_tree(local, path, depth))
+
+    async def make_dir(self, session_id: str, tenant: str, path: str) -> FsEntry:
+        return await self._on(session_id, tenant, lambda c, local: c.make_dir(local, path))
+
+    async def move(self, session_id: str, tenant: str, source: str, destination: str) -> FsEntry:
+        return await self._on(
+            session_id, tenant, lambda c, local: c.move(local, source, destination)
+        )
+
+    async def remove(self, session_id: str, tenant: str, path: str) -> None:
+        await self._on(session_id, tenant, lambda c, local: c.remove(local, path))
+
+    async def watch(
+        self, session_id: str, tenant: str, path: str, recursive: bool
+    ) -> AsyncIterator[FsChange]:
+        return await self._on(session_id, tenant, lambda c, local: c.watch(local, path, recursive))
+
+    async def create_watcher(self, session_id: str, tenant: str, path: str, recursive: bool) -> str:
+        return await self._on(
+            session_id, tenant, lambda c, local: c.create_watcher(local, path, recursive)
+        )
+
+    async def watcher_changes(
+        self, session_id: str, tenant: str, watcher_id: str
+    ) -> list[FsChange]:
+        return await self._on(
+            session_id, tenant, lambda c, local: c.watcher_changes(local, watcher_id)
+        )
+
+    async def remove_watcher(self, session_id: str, tenant: str, watcher_id: str) -> None:
+        await self._on(session_id, tenant, lambda c, local: c.remove_watcher(local, watcher_id))
 
     async def execute(
         self, session_id: str, tenant: str, call: ToolCall, timeout: float
@@ -164,6 +278,12 @@ class FleetSandboxes:
             chmod = codec.tool_call("bash_code_execution", {"command": f"chmod 0444 '{_q(path)}'"})
             await self.execute(session_id, tenant, chmod, 30)
         return entry
+
+
+def _public(info: SessionInfo, public_id: str) -> SessionInfo:
+    """A node's handle as the front shows it: the fleet's id, without the fleet's own label."""
+    labels = {k: v for k, v in info.labels.items() if k != TENANT_LABEL}
+    return dataclasses.replace(info, id=public_id, labels=labels)
 
 
 def _q(path: str) -> str:

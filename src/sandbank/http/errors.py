@@ -35,7 +35,7 @@ def error_response(
             "error_id": error_id,
         }
     else:
-        body = {"detail": error.message}
+        body = {"detail": error.message, "code": error.code}
     return JSONResponse(body, status_code=error.status, headers=headers)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,7 +25,16 @@ RC_KILLED = 137  # the interpreter was killed (memory limit, restart after a tim
 
 @dataclass(frozen=True)
 class PythonCall:
+    """Python code. `context`: a context of the session (None: its main namespace); `envs`:
+    environment variables set for this call only; `notebook`: the last expression's value is
+    the result's `main` bundle and an exception its `error`, as a notebook kernel reports them
+    (instead of text on stdout and stderr)."""
+
     code: str
+    context: str | None = None
+    envs: Mapping[str, str] | None = None
+    notebook: bool = False
+    cwd: str | None = None  # where a context starts, on its first call (a sandbox path)
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,15 @@ ToolCall = PythonCall | BashCall | EditorCall
 Bundle = dict[str, Any]
 
 
+@dataclass(frozen=True)
+class CellError:
+    """An exception a notebook call raised: its type's name, its message, the traceback."""
+
+    name: str
+    value: str
+    traceback: str
+
+
 @dataclass
 class ExecResult:
     """What one call did. A failed program is a result like any other."""
@@ -60,6 +78,10 @@ class ExecResult:
     files: list[str] = field(default_factory=list)  # workspace-relative paths produced
     duration_ms: int = 0
     displays: list[Bundle] = field(default_factory=list)
+    # A notebook call's (PythonCall.notebook): its last value, its exception, its number.
+    main: Bundle | None = None
+    error: CellError | None = None
+    execution_count: int = 0
 
 
 @dataclass(frozen=True)

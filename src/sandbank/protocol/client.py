@@ -18,14 +18,30 @@ from urllib.parse import quote, urlencode
 
 import httpx
 
-from ..errors import AtCapacity, PayloadTooLarge, SandboxError, SessionNotFound
+from ..errors import (
+    AtCapacity,
+    PayloadTooLarge,
+    SandbankError,
+    SandboxError,
+    SessionNotFound,
+    error_classes,
+)
 from ..protocol.calls import Display, Done, Event, ExecResult, Output, ToolCall
-from . import codec
+from . import additions, codec
+from .filesystem import FsChange, FsEntry
 from .http1 import Reply, TransportFailed
+from .processes import ContextInfo, ProcessEvent, ProcessInfo, ProcessSpec, Signal
 from .sessions import Download, FileEntry, FormPart, SessionInfo, SessionSpec
 
 Body = bytes | AsyncIterator[bytes] | None
 JSON = "application/json"
+# The errors a Sandbank server names by code, that a client raises as they are (not the
+# config's, the agent's or the internal root, which say nothing of the operation asked for).
+KNOWN: dict[str, type[SandbankError]] = {
+    cls.code: cls
+    for cls in error_classes()
+    if 400 <= cls.status < 500 and cls.__init__ is SandbankError.__init__
+}
 
 
 class Transport(Protocol):
@@ -188,6 +204,159 @@ class ExecClient:
     ) -> FileEntry:
         return await self.upload(session_id, _form(path, chunks))
 
+    # --- additions (a Sandbank server's): sessions, contexts, processes, the tree -------------
+    def _on(self, session_id: str, rest: str = "") -> str:
+        return f"/sessions/{quote(session_id, safe='')}{rest}"
+
+    async def _json(
+        self, method: str, target: str, body: Any = None, operation: str = "addition"
+    ) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        reply = await self._send(method, target, data, JSON if data is not None else None)
+        return _json(reply, operation) if reply.body else None
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        found = await self._json("GET", "/sessions", operation="ListSessions")
+        with codec.malformed("ListSessions"):
+            return [codec.decode_handle(h) for h in found["sessions"]]
+
+    async def get(self, session_id: str) -> SessionInfo:
+        return codec.decode_handle(await self._json("GET", self._on(session_id)))
+
+    async def set_lifetime(self, session_id: str, seconds: int) -> SessionInfo:
+        body = {"seconds": seconds}
+        return codec.decode_handle(
+            await self._json("POST", self._on(session_id, "/lifetime"), body)
+        )
+
+    async def create_context(self, session_id: str, cwd: str | None) -> ContextInfo:
+        body = {} if cwd is None else {"cwd": cwd}
+        found = await self._json("POST", self._on(session_id, "/contexts"), body)
+        return additions.decode_context(found)
+
+    async def list_contexts(self, session_id: str) -> list[ContextInfo]:
+        found = await self._json("GET", self._on(session_id, "/contexts"))
+        with codec.malformed("contexts"):
+            return [additions.decode_context(c) for c in found["contexts"]]
+
+    async def restart_context(self, session_id: str, context_id: str) -> None:
+        await self._send(
+            "POST", self._on(session_id, f"/contexts/{quote(context_id, safe='')}/restart")
+        )
+
+    async def remove_context(self, session_id: str, context_id: str) -> None:
+        await self._send("DELETE", self._on(session_id, f"/contexts/{quote(context_id, safe='')}"))
+
+    async def start_process(
+        self, session_id: str, spec: ProcessSpec
+    ) -> AsyncIterator[ProcessEvent]:
+        body = json.dumps(additions.encode_spec(spec)).encode()
+        reply = await self._send(
+            "POST", self._on(session_id, "/processes"), body, JSON, stream=True
+        )
+        return _process_events(reply)
+
+    async def connect_process(self, session_id: str, pid: int) -> AsyncIterator[ProcessEvent]:
+        reply = await self._send(
+            "GET", self._on(session_id, f"/processes/{pid}/events"), stream=True
+        )
+        return _process_events(reply)
+
+    async def list_processes(self, session_id: str) -> list[ProcessInfo]:
+        found = await self._json("GET", self._on(session_id, "/processes"))
+        with codec.malformed("processes"):
+            return [additions.decode_info(p) for p in found["processes"]]
+
+    async def send_stdin(self, session_id: str, pid: int, data: bytes) -> None:
+        target = self._on(session_id, f"/processes/{pid}/stdin")
+        await self._send("POST", target, data, "application/octet-stream")
+
+    async def close_stdin(self, session_id: str, pid: int) -> None:
+        await self._send("POST", self._on(session_id, f"/processes/{pid}/stdin/close"))
+
+    async def signal_process(self, session_id: str, pid: int, sig: Signal) -> None:
+        await self._json("POST", self._on(session_id, f"/processes/{pid}/signal"), {"signal": sig})
+
+    async def stat(self, session_id: str, path: str) -> FsEntry:
+        target = self._on(session_id, f"/tree/stat?{urlencode({'path': path})}")
+        return additions.decode_entry(await self._json("GET", target))
+
+    async def list_tree(self, session_id: str, path: str, depth: int) -> list[FsEntry]:
+        target = self._on(session_id, f"/tree?{urlencode({'path': path, 'depth': depth})}")
+        found = await self._json("GET", target)
+        with codec.malformed("tree"):
+            return [additions.decode_entry(e) for e in found["entries"]]
+
+    async def make_dir(self, session_id: str, path: str) -> FsEntry:
+        made = await self._json("POST", self._on(session_id, "/tree/dirs"), {"path": path})
+        return additions.decode_entry(made)
+
+    async def move(self, session_id: str, source: str, destination: str) -> FsEntry:
+        body = {"source": source, "destination": destination}
+        return additions.decode_entry(
+            await self._json("POST", self._on(session_id, "/tree/move"), body)
+        )
+
+    async def remove(self, session_id: str, path: str) -> None:
+        await self._send("DELETE", self._on(session_id, f"/tree?{urlencode({'path': path})}"))
+
+    async def watch(self, session_id: str, path: str, recursive: bool) -> AsyncIterator[FsChange]:
+        query = urlencode({"path": path, "recursive": "true" if recursive else "false"})
+        reply = await self._send("GET", self._on(session_id, f"/watch?{query}"), stream=True)
+        return _changes(reply)
+
+    async def create_watcher(self, session_id: str, path: str, recursive: bool) -> str:
+        body = {"path": path, "recursive": recursive}
+        made = await self._json("POST", self._on(session_id, "/watchers"), body)
+        with codec.malformed("watchers"):
+            return str(made["watcher_id"])
+
+    async def watcher_changes(self, session_id: str, watcher_id: str) -> list[FsChange]:
+        target = self._on(session_id, f"/watchers/{quote(watcher_id, safe='')}/changes")
+        found = await self._json("GET", target)
+        with codec.malformed("watchers"):
+            return [additions.decode_change(c) for c in found["changes"]]
+
+    async def remove_watcher(self, session_id: str, watcher_id: str) -> None:
+        await self._send("DELETE", self._on(session_id, f"/watchers/{quote(watcher_id, safe='')}"))
+
+
+async def _lines(reply: Reply) -> AsyncIterator[Any]:
+    """A newline-delimited JSON answer's objects; its `error` line raised as our error."""
+    assert reply.stream is not None
+    buffer = b""
+    try:
+        async for chunk in reply.stream:
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                if not line.strip():
+                    continue
+                with codec.malformed("stream"):
+                    item = json.loads(line)
+                    failed = item.get("error")
+                if isinstance(failed, dict):
+                    raise error_of(
+                        Reply(
+                            int(failed.get("status") or 500), {}, body=json.dumps(failed).encode()
+                        )
+                    )
+                yield item
+    finally:
+        closer = getattr(reply.stream, "aclose", None)
+        if closer is not None:
+            await closer()
+
+
+async def _process_events(reply: Reply) -> AsyncIterator[ProcessEvent]:
+    async for line in _lines(reply):
+        yield additions.decode_event(line)
+
+
+async def _changes(reply: Reply) -> AsyncIterator[FsChange]:
+    async for line in _lines(reply):
+        yield additions.decode_change(line)
+
 
 async def _form(path: str, chunks: AsyncIterator[bytes]) -> AsyncIterator[FormPart]:
     yield "path", None, _once(path.encode())
@@ -242,11 +411,18 @@ def _json(reply: Reply, operation: str) -> Any:
 
 
 def error_of(reply: Reply) -> Exception:
-    """A protocol error answer as an error of our tree."""
+    """A protocol error answer as an error of our tree (by its `code`, a Sandbank server's
+    addition, or by its status)."""
+    code = None
     try:
-        detail = str(json.loads(reply.body).get("detail") or reply.body[:500].decode())
+        body = json.loads(reply.body)
+        detail = str(body.get("detail") or reply.body[:500].decode())
+        code = body.get("code")
     except (ValueError, AttributeError):
         detail = reply.body[:500].decode("utf-8", "replace")
+    kind = KNOWN.get(code) if isinstance(code, str) else None
+    if kind is not None and kind.status == reply.status and kind is not AtCapacity:
+        return kind(detail)
     if reply.status == 404:
         return SessionNotFound(detail)
     if reply.status == 503:

@@ -21,6 +21,7 @@ from .calls import (
     EDITOR_COMMANDS,
     BashCall,
     Bundle,
+    CellError,
     EditorCall,
     ExecResult,
     PythonCall,
@@ -112,6 +113,24 @@ def _object(value: Any) -> dict[str, Any]:
     return value
 
 
+def _labels(value: Any) -> dict[str, str]:
+    from .additions import MAX_LABEL_CHARS, MAX_LABELS, strings
+
+    try:
+        return strings(value, "", MAX_LABELS, MAX_LABEL_CHARS)
+    except Unprocessable as e:
+        raise ValueError(e.message.strip()) from None
+
+
+def _envs(value: Any) -> dict[str, str]:
+    from .additions import MAX_ENV_CHARS, MAX_ENVS, strings
+
+    try:
+        return strings(value, "", MAX_ENVS, MAX_ENV_CHARS)
+    except Unprocessable as e:
+        raise ValueError(e.message.strip()) from None
+
+
 Integer = Annotated[int, PlainValidator(_integer)]
 PositiveInt = Annotated[int, PlainValidator(_positive)]
 Text = Annotated[str, PlainValidator(_text)]
@@ -129,6 +148,8 @@ class CreateSessionBody(_Body):
     idle_timeout_seconds: PositiveInt | None = None
     max_lifetime_seconds: PositiveInt | None = None
     network: Annotated[NetworkPolicy, PlainValidator(_network)] | None = None
+    labels: Annotated[dict[str, str], PlainValidator(_labels)] | None = None  # an addition
+    envs: Annotated[dict[str, str], PlainValidator(_envs)] | None = None  # an addition
 
 
 class ExecBody(_Body):
@@ -141,9 +162,12 @@ class ExecBody(_Body):
 
 
 class PythonInput(_Body):
-    """The input of `code_execution`."""
+    """The input of `code_execution` (context, envs, notebook: additions)."""
 
     code: NonEmpty
+    context: Text | None = None
+    envs: Annotated[dict[str, str], PlainValidator(_envs)] | None = None
+    notebook: bool = False
 
 
 class BashInput(_Body):
@@ -199,6 +223,8 @@ def parse_create(body: Any) -> SessionSpec:
         idle_timeout=parsed.idle_timeout_seconds,
         max_lifetime=parsed.max_lifetime_seconds,
         network=parsed.network,
+        labels=parsed.labels or {},
+        envs=parsed.envs or {},
     )
 
 
@@ -224,7 +250,8 @@ def parse_exec(body: Any) -> ExecRequest:
 def tool_call(tool: str, data: Mapping[str, Any], where: str = "") -> ToolCall:
     """One tool's input as a call; `Unprocessable` naming the field (prefixed by `where`)."""
     if tool == "code_execution":
-        return PythonCall(_validated(PythonInput, dict(data), where).code)
+        py: PythonInput = _validated(PythonInput, dict(data), where)
+        return PythonCall(py.code, py.context, py.envs, py.notebook)
     if tool == "bash_code_execution":
         return BashCall(_validated(BashInput, dict(data), where).command)
     edit: EditorInput = _validated(EditorInput, dict(data), where)
@@ -250,7 +277,14 @@ def encode_call(call: ToolCall, timeout_s: float | None) -> dict[str, Any]:
     the server's default."""
     body: dict[str, Any]
     if isinstance(call, PythonCall):
-        body = {"tool": "code_execution", "input": {"code": call.code}}
+        py: dict[str, Any] = {"code": call.code}
+        if call.context is not None:
+            py["context"] = call.context
+        if call.envs:
+            py["envs"] = dict(call.envs)
+        if call.notebook:
+            py["notebook"] = True
+        body = {"tool": "code_execution", "input": py}
     elif isinstance(call, BashCall):
         body = {"tool": "bash_code_execution", "input": {"command": call.command}}
     else:
@@ -275,6 +309,10 @@ def encode_create(spec: SessionSpec) -> dict[str, Any]:
         body["max_lifetime_seconds"] = spec.max_lifetime
     if spec.network is not None:
         body["network"] = network_hint(spec.network)
+    if spec.labels:
+        body["labels"] = dict(spec.labels)
+    if spec.envs:
+        body["envs"] = dict(spec.envs)
     return body
 
 
@@ -292,6 +330,7 @@ def encode_handle(info: SessionInfo) -> dict[str, Any]:
         "created_at": info.created_at,
         "last_activity_at": info.last_activity_at,
         "network": network_hint(info.network),
+        "labels": dict(info.labels),
     }
 
 
@@ -305,6 +344,7 @@ def decode_handle(body: Any) -> SessionInfo:
             created_at=float(body.get("created_at") or 0.0),
             last_activity_at=float(body.get("last_activity_at") or 0.0),
             network=_network(network) if network is not None else NetworkPolicy(),
+            labels={str(k): str(v) for k, v in (body.get("labels") or {}).items()},
         )
 
 
@@ -320,6 +360,13 @@ def encode_result(tool: str, tool_use_id: str, result: ExecResult) -> dict[str, 
     }
     if result.displays:
         content["display_outputs"] = result.displays
+    if result.main is not None:
+        content["main"] = result.main
+    if result.error is not None:
+        e = result.error
+        content["error"] = {"name": e.name, "value": e.value, "traceback": e.traceback}
+    if result.execution_count:
+        content["execution_count"] = result.execution_count
     return {
         "tool_use_id": tool_use_id,
         "execution_time_ms": result.duration_ms,
@@ -335,6 +382,7 @@ def decode_result(body: Any, duration_ms: int = 0) -> ExecResult:
     with malformed("Execute"):
         content = body["result_block"]["content"]
         displays = content.get("display_outputs") or []
+        main, error = content.get("main"), content.get("error")
         return ExecResult(
             stdout=str(content.get("stdout") or ""),
             stderr=str(content.get("stderr") or ""),
@@ -342,6 +390,11 @@ def decode_result(body: Any, duration_ms: int = 0) -> ExecResult:
             files=[str(f.get("filename") or f.get("file_id")) for f in content.get("content", [])],
             duration_ms=int(body.get("execution_time_ms") or duration_ms),
             displays=[decode_bundle(b) for b in displays],
+            main=decode_bundle(main) if main is not None else None,
+            error=CellError(text(error["name"]), text(error["value"]), text(error["traceback"]))
+            if error is not None
+            else None,
+            execution_count=int(content.get("execution_count") or 0),
         )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from ..egress.policy import NetworkPolicy
@@ -21,6 +21,10 @@ class SessionSpec:
     # A door's own name for the session, never a client's (an MCP caller's default session):
     # while the tenant's session of that name lives, creating it again gives it back.
     name: str | None = None
+    # A door's own notes on the session (kept with it, listed with it, never interpreted).
+    labels: Mapping[str, str] = field(default_factory=dict)
+    # Environment variables of every call and process of the session.
+    envs: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,12 @@ class SessionInfo:
     created_at: float
     last_activity_at: float
     network: NetworkPolicy = field(default_factory=NetworkPolicy)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def expires_at(self) -> float:
+        """When its maximum lifetime ends it (it may end earlier, idle)."""
+        return self.created_at + self.max_lifetime
 
 
 @dataclass(frozen=True)

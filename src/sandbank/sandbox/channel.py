@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .inside import protocol
@@ -32,6 +32,9 @@ class WorkerProcess:
 
     # Every worker process asyncio spawned and has not reaped yet: the orphan reaper skips them.
     spawned: set[int] = set()
+    # Once demultiplexed (`demux`): a reader takes every frame, the services' apart.
+    _replies: asyncio.Queue[dict[str, Any] | WorkerGone] | None = None
+    _splitter: asyncio.Task[None] | None = None
 
     def __init__(self, proc: asyncio.subprocess.Process, interrupts: int) -> None:
         self.proc = proc
@@ -103,7 +106,51 @@ class WorkerProcess:
             raise WorkerGone from e
 
     async def recv(self) -> dict[str, Any]:
-        """The next frame; `WorkerGone` when the pipe closed, `WorkerBroken` on a bad frame."""
+        """The next frame of a call; `WorkerGone` when the pipe closed, `WorkerBroken` on a
+        bad frame."""
+        if self._replies is None:
+            return await self._read_frame()
+        item = await self._replies.get()
+        if isinstance(item, WorkerGone):
+            self._replies.put_nowait(item)  # and so for every later call
+            raise item
+        return item
+
+    def demux(self, on_background: Callable[[dict[str, Any] | None], None]) -> None:
+        """From now on a reader takes every frame as it comes: the services' frames (processes,
+        watches: `protocol.BACKGROUND`) go to `on_background` (None once the worker is gone),
+        a call's to `recv`. Without it nothing reads between calls, and a background process's
+        output would wait in the pipe."""
+        self._replies = asyncio.Queue()
+        self._splitter = asyncio.create_task(self._split(self._replies, on_background))
+
+    async def _split(
+        self,
+        replies: asyncio.Queue[dict[str, Any] | WorkerGone],
+        on_background: Callable[[dict[str, Any] | None], None],
+    ) -> None:
+        try:
+            while True:
+                msg = await self._read_frame()
+                if protocol.BACKGROUND in msg:
+                    try:
+                        on_background(msg)
+                    except Exception:  # a listener's failure must not stop the calls' frames
+                        log.exception("a background frame could not be handled")
+                else:
+                    replies.put_nowait(msg)
+        except WorkerGone as e:
+            replies.put_nowait(e)
+        except asyncio.CancelledError:
+            replies.put_nowait(WorkerGone())
+        finally:
+            on_background(None)
+
+    def stop_reading(self) -> None:
+        if self._splitter is not None:
+            self._splitter.cancel()
+
+    async def _read_frame(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
         return await read_frame(self.proc.stdout)
 
@@ -121,6 +168,7 @@ class WorkerProcess:
 
     async def close(self) -> None:
         self.kill()
+        self.stop_reading()
         await self.wait()
         self._stderr_task.cancel()
         with contextlib.suppress(BaseException):

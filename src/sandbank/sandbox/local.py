@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import math
 import secrets
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Protocol
 
 from ..config import Settings
-from ..errors import AtCapacity, SessionNotFound
+from ..errors import AtCapacity, NotFound, SessionNotFound
 from ..protocol.calls import (
     RC_TIMEOUT,
     Display,
@@ -24,16 +27,21 @@ from ..protocol.calls import (
     ExecResult,
     OnEvent,
     Output,
+    PythonCall,
     RestartReason,
     ToolCall,
 )
+from ..protocol.filesystem import FsChange, FsEntry
+from ..protocol.processes import ContextInfo, ProcessEvent, ProcessInfo, ProcessSpec, Signal
 from ..protocol.sessions import Download, FileEntry, FormPart, SessionInfo, SessionSpec
 from . import files
 from .backends import backend_for
 from .backends.base import Backend
 from .egress import EgressConfig
+from .host.tree import Tree
+from .host.workspace import SANDBOX_ROOT, split
 from .pool import WarmPool
-from .sessions import ExecSession, victim
+from .sessions import ExecSession, Watcher, victim
 from .supervisor import restore_root
 
 log = logging.getLogger(__name__)
@@ -172,6 +180,8 @@ class LocalSandboxes:
             idle_timeout=min(spec.idle_timeout or s.idle_timeout_default, s.idle_timeout_max),
             max_lifetime=min(spec.max_lifetime or s.max_lifetime_default, s.max_lifetime_max),
             network=self.egress.effective(spec.network),
+            labels=dict(spec.labels),
+            envs=dict(spec.envs),
         )
         if self.backend.egress_proxy is not None:
             self.backend.egress_proxy.lease(sandbox.id, session.id, session.network)
@@ -188,6 +198,9 @@ class LocalSandboxes:
         session = self._sessions.get(session_id)
         # Another tenant's session does not exist for this caller.
         if session is None or not secrets.compare_digest(session.tenant, tenant):
+            raise SessionNotFound(f"no session {session_id!r}")
+        if session.outlived(time.time()):  # past its lifetime: gone, even before the reaper
+            self._destroy_in_background(session_id)
             raise SessionNotFound(f"no session {session_id!r}")
         session.touch()
         return session
@@ -209,6 +222,8 @@ class LocalSandboxes:
         arrival = time.monotonic()
         deadline = arrival + timeout
         session = self.session(session_id, tenant)
+        if isinstance(call, PythonCall):
+            call = _in_context(session, call)
         session.inflight += 1
         try:
             try:
@@ -228,6 +243,9 @@ class LocalSandboxes:
         finally:
             session.inflight -= 1
             session.touch()
+        if isinstance(call, PythonCall) and call.notebook:
+            count = session.executions.get(call.context, 0) + 1
+            session.executions[call.context] = result.execution_count = count
         self.hooks.executed(call, result, time.monotonic() - arrival)
         return result
 
@@ -276,6 +294,9 @@ class LocalSandboxes:
         # A client's open download or upload must not keep the workspace's disk busy.
         for open_file in list(session.open_files):
             open_file.close()
+        for watcher in session.watchers.values():
+            if watcher.task is not None:
+                watcher.task.cancel()
         try:
             await session.sandbox.close()
         except Exception:
@@ -309,6 +330,138 @@ class LocalSandboxes:
         if read_only:
             await _share_root(session)
         return await files.write_file(session, path, chunks, read_only)
+
+    # --- sessions as a door lists and extends them ---------------------------------------
+    async def list_sessions(self, tenant: str) -> list[SessionInfo]:
+        now = time.time()
+        mine = [
+            s for s in self._sessions.values()
+            if secrets.compare_digest(s.tenant, tenant) and not s.outlived(now)
+        ]  # fmt: skip
+        return [s.info() for s in sorted(mine, key=lambda s: s.created_at)]
+
+    async def set_lifetime(self, session_id: str, tenant: str, seconds: int) -> SessionInfo:
+        session = self.session(session_id, tenant)
+        lived = time.time() - session.created_at
+        wanted = math.ceil(lived + max(0, seconds))
+        session.max_lifetime = max(1, min(wanted, self.settings.max_lifetime_max))
+        return session.info()
+
+    # --- Python contexts ---------------------------------------------------------------
+    async def create_context(
+        self, session_id: str, tenant: str, cwd: str | None = None
+    ) -> ContextInfo:
+        session = self.session(session_id, tenant)
+        if len(session.contexts) >= MAX_CONTEXTS:
+            raise AtCapacity(f"a session has at most {MAX_CONTEXTS} contexts", retry_after=1)
+        context = ContextInfo(str(uuid.uuid4()), cwd or SANDBOX_ROOT)
+        session.contexts[context.id] = context
+        return context
+
+    async def list_contexts(self, session_id: str, tenant: str) -> list[ContextInfo]:
+        return list(self.session(session_id, tenant).contexts.values())
+
+    async def restart_context(self, session_id: str, tenant: str, context_id: str) -> None:
+        session = self.session(session_id, tenant)
+        _context(session, context_id)
+        session.executions.pop(context_id, None)
+        await session.sandbox.drop_context(context_id)
+
+    async def remove_context(self, session_id: str, tenant: str, context_id: str) -> None:
+        session = self.session(session_id, tenant)
+        _context(session, context_id)
+        del session.contexts[context_id]
+        session.executions.pop(context_id, None)
+        await session.sandbox.drop_context(context_id)
+
+    # --- background processes ----------------------------------------------------------
+    async def start_process(
+        self, session_id: str, tenant: str, spec: ProcessSpec
+    ) -> AsyncIterator[ProcessEvent]:
+        session = self.session(session_id, tenant)
+        if session.envs:
+            spec = dataclasses.replace(spec, envs={**session.envs, **spec.envs})
+        events = await session.sandbox.start_process(spec)
+        async for event in events:
+            session.touch()
+            yield event
+
+    async def connect_process(
+        self, session_id: str, tenant: str, pid: int
+    ) -> AsyncIterator[ProcessEvent]:
+        session = self.session(session_id, tenant)
+        async for event in await session.sandbox.connect_process(pid):
+            session.touch()
+            yield event
+
+    async def list_processes(self, session_id: str, tenant: str) -> list[ProcessInfo]:
+        return await self.session(session_id, tenant).sandbox.list_processes()
+
+    async def send_stdin(self, session_id: str, tenant: str, pid: int, data: bytes) -> None:
+        await self.session(session_id, tenant).sandbox.send_stdin(pid, data)
+
+    async def close_stdin(self, session_id: str, tenant: str, pid: int) -> None:
+        await self.session(session_id, tenant).sandbox.close_stdin(pid)
+
+    async def signal_process(self, session_id: str, tenant: str, pid: int, sig: Signal) -> None:
+        await self.session(session_id, tenant).sandbox.signal_process(pid, sig)
+
+    # --- the workspace's tree ----------------------------------------------------------
+    def _tree(self, session_id: str, tenant: str) -> Tree:
+        sandbox = self.session(session_id, tenant).sandbox
+        return Tree(sandbox.workspace, sandbox.uid, {0: "root", sandbox.uid: "user"})
+
+    async def stat(self, session_id: str, tenant: str, path: str) -> FsEntry:
+        return await asyncio.to_thread(self._tree(session_id, tenant).stat, path)
+
+    async def list_tree(self, session_id: str, tenant: str, path: str, depth: int) -> list[FsEntry]:
+        return await asyncio.to_thread(self._tree(session_id, tenant).walk, path, depth)
+
+    async def make_dir(self, session_id: str, tenant: str, path: str) -> FsEntry:
+        return await asyncio.to_thread(self._tree(session_id, tenant).make_dir, path)
+
+    async def move(self, session_id: str, tenant: str, source: str, destination: str) -> FsEntry:
+        tree = self._tree(session_id, tenant)
+        return await asyncio.to_thread(tree.move, source, destination)
+
+    async def remove(self, session_id: str, tenant: str, path: str) -> None:
+        await asyncio.to_thread(self._tree(session_id, tenant).remove, path)
+
+    async def watch(
+        self, session_id: str, tenant: str, path: str, recursive: bool
+    ) -> AsyncIterator[FsChange]:
+        session = self.session(session_id, tenant)
+        return await session.sandbox.watch("/".join(split(path)) or ".", recursive)
+
+    async def create_watcher(self, session_id: str, tenant: str, path: str, recursive: bool) -> str:
+        session = self.session(session_id, tenant)
+        if len(session.watchers) >= MAX_WATCHERS:
+            raise AtCapacity(f"a session has at most {MAX_WATCHERS} watchers", retry_after=1)
+        changes = await self.watch(session_id, tenant, path, recursive)
+        watcher = Watcher()
+
+        async def collect() -> None:
+            async for change in changes:
+                watcher.add(change)
+
+        watcher.task = asyncio.create_task(collect())
+        watcher_id = secrets.token_urlsafe(12)
+        session.watchers[watcher_id] = watcher
+        return watcher_id
+
+    async def watcher_changes(
+        self, session_id: str, tenant: str, watcher_id: str
+    ) -> list[FsChange]:
+        watcher = self.session(session_id, tenant).watchers.get(watcher_id)
+        if watcher is None:
+            raise NotFound(f"watcher {watcher_id!r} not found")
+        changes, watcher.pending = watcher.pending, []
+        return changes
+
+    async def remove_watcher(self, session_id: str, tenant: str, watcher_id: str) -> None:
+        watcher = self.session(session_id, tenant).watchers.pop(watcher_id, None)
+        if watcher is not None and watcher.task is not None:
+            watcher.task.cancel()
 
     # --- reaping -------------------------------------------------------------------------
     async def _reap_forever(self) -> None:
@@ -348,6 +501,26 @@ class LocalSandboxes:
             await asyncio.to_thread(self.backend.sweep)
             if not self._sweep_again:
                 return
+
+
+MAX_CONTEXTS = 32  # Python contexts per session
+MAX_WATCHERS = 32  # polled watchers per session
+
+
+def _context(session: ExecSession, context_id: str) -> ContextInfo:
+    context = session.contexts.get(context_id)
+    if context is None:
+        raise NotFound(f"Context {context_id} not found")
+    return context
+
+
+def _in_context(session: ExecSession, call: PythonCall) -> PythonCall:
+    """The call with its context's directory and the session's environment variables."""
+    cwd = None if call.context is None else _context(session, call.context).cwd
+    envs = {**session.envs, **(call.envs or {})} if session.envs or call.envs else None
+    if cwd is None and envs is None:
+        return call
+    return dataclasses.replace(call, cwd=cwd, envs=envs)
 
 
 async def _share_root(session: ExecSession) -> None:

@@ -15,6 +15,8 @@ from typing import IO, Protocol
 
 from ..errors import PayloadTooLarge, SessionNotFound
 from ..protocol.calls import Event, ExecResult, ToolCall
+from ..protocol.filesystem import FsChange, FsEntry
+from ..protocol.processes import ContextInfo, ProcessEvent, ProcessInfo, ProcessSpec, Signal
 from ..protocol.sessions import Download, FileEntry, FormPart, SessionInfo, SessionSpec
 
 # Names under these never count as a user's or a run's files (staging, caches, configs).
@@ -98,6 +100,95 @@ class Sandboxes(Protocol):
         """Place a file, replacing one of that name. `read_only`: the session's code may read
         it but not change, replace or delete it (a remote provider can only set its mode)."""
         ...
+
+    # --- sessions as a door lists and extends them -------------------------------------------
+    async def list_sessions(self, tenant: str) -> list[SessionInfo]:
+        """The tenant's sessions, oldest first, with their labels."""
+        ...
+
+    async def set_lifetime(self, session_id: str, tenant: str, seconds: int) -> SessionInfo:
+        """End the session `seconds` from now (sooner or later than before), within the
+        operator's ceiling on lifetimes."""
+        ...
+
+    # --- Python contexts: namespaces of their own beside the session's main one ---------------
+    async def create_context(
+        self, session_id: str, tenant: str, cwd: str | None = None
+    ) -> ContextInfo:
+        """A new context (`cwd` as the sandbox names it; None: the workspace)."""
+        ...
+
+    async def list_contexts(self, session_id: str, tenant: str) -> list[ContextInfo]: ...
+
+    async def restart_context(self, session_id: str, tenant: str, context_id: str) -> None:
+        """Empty the context's namespace; `NotFound` for an unknown one."""
+        ...
+
+    async def remove_context(self, session_id: str, tenant: str, context_id: str) -> None: ...
+
+    # --- background processes, beside calls ---------------------------------------------------
+    def start_process(
+        self, session_id: str, tenant: str, spec: ProcessSpec
+    ) -> AsyncIterator[ProcessEvent]:
+        """Start a process with the session's environment and `spec`'s; its events: `Started`,
+        output as it comes, `Exited`. Closing the iterator early stops nothing."""
+        ...
+
+    def connect_process(
+        self, session_id: str, tenant: str, pid: int
+    ) -> AsyncIterator[ProcessEvent]:
+        """A running process's events from now on (`Started` first); `NotFound` for none."""
+        ...
+
+    async def list_processes(self, session_id: str, tenant: str) -> list[ProcessInfo]: ...
+
+    async def send_stdin(self, session_id: str, tenant: str, pid: int, data: bytes) -> None:
+        """Write to the process's stdin (`Conflict` when it was started without one)."""
+        ...
+
+    async def close_stdin(self, session_id: str, tenant: str, pid: int) -> None: ...
+
+    async def signal_process(self, session_id: str, tenant: str, pid: int, sig: Signal) -> None:
+        """Signal the process and everything it started."""
+        ...
+
+    # --- the workspace's tree (paths workspace-relative, symlinks described, never followed) --
+    async def stat(self, session_id: str, tenant: str, path: str) -> FsEntry: ...
+
+    async def list_tree(self, session_id: str, tenant: str, path: str, depth: int) -> list[FsEntry]:
+        """The entries under a directory, `depth` levels down (1: its own entries)."""
+        ...
+
+    async def make_dir(self, session_id: str, tenant: str, path: str) -> FsEntry:
+        """Make a directory and its parents; `AlreadyExists` when it is there."""
+        ...
+
+    async def move(
+        self, session_id: str, tenant: str, source: str, destination: str
+    ) -> FsEntry: ...
+
+    async def remove(self, session_id: str, tenant: str, path: str) -> None:
+        """Remove a file or a whole directory; one that is not there is not an error."""
+        ...
+
+    async def watch(
+        self, session_id: str, tenant: str, path: str, recursive: bool
+    ) -> AsyncIterator[FsChange]:
+        """Changes under a workspace directory, from the moment this returns."""
+        ...
+
+    async def create_watcher(self, session_id: str, tenant: str, path: str, recursive: bool) -> str:
+        """A watch kept with the session, its changes collected until asked for (any door of a
+        fleet may ask); its id."""
+        ...
+
+    async def watcher_changes(
+        self, session_id: str, tenant: str, watcher_id: str
+    ) -> list[FsChange]:
+        """The watcher's changes since the last time; `NotFound` for an unknown watcher."""
+        ...
+
+    async def remove_watcher(self, session_id: str, tenant: str, watcher_id: str) -> None: ...
 
 
 def visible(path: str) -> bool:

@@ -17,7 +17,9 @@ from ..config import Settings
 from ..errors import SandboxError
 from ..protocol.calls import BashCall, Event, ExecResult, ToolCall
 from ..protocol.client import ExecClient, HttpxTransport
+from ..protocol.filesystem import FsChange, FsEntry
 from ..protocol.http1 import TransportFailed
+from ..protocol.processes import ContextInfo, ProcessEvent, ProcessInfo, ProcessSpec, Signal
 from ..protocol.sessions import Download, FileEntry, FormPart, SessionInfo, SessionSpec
 
 log = logging.getLogger(__name__)
@@ -130,6 +132,91 @@ class RemoteSandboxes:
             # user's upload whatever the code does, since run outputs never replace uploads.
             await self.execute(session_id, tenant, BashCall(f"chmod 0444 {shlex.quote(path)}"), 30)
         return entry
+
+    # --- additions: a Sandbank server serves them (other backends answer 404) ---------------
+    async def list_sessions(self, tenant: str) -> list[SessionInfo]:
+        return await self._guard(self.client.list_sessions())
+
+    async def set_lifetime(self, session_id: str, tenant: str, seconds: int) -> SessionInfo:
+        return await self._guard(self.client.set_lifetime(session_id, seconds))
+
+    async def create_context(
+        self, session_id: str, tenant: str, cwd: str | None = None
+    ) -> ContextInfo:
+        return await self._guard(self.client.create_context(session_id, cwd))
+
+    async def list_contexts(self, session_id: str, tenant: str) -> list[ContextInfo]:
+        return await self._guard(self.client.list_contexts(session_id))
+
+    async def restart_context(self, session_id: str, tenant: str, context_id: str) -> None:
+        await self._guard(self.client.restart_context(session_id, context_id))
+
+    async def remove_context(self, session_id: str, tenant: str, context_id: str) -> None:
+        await self._guard(self.client.remove_context(session_id, context_id))
+
+    async def start_process(
+        self, session_id: str, tenant: str, spec: ProcessSpec
+    ) -> AsyncIterator[ProcessEvent]:
+        events = await self._guard(self.client.start_process(session_id, spec))
+        async for event in self._streamed(events):
+            yield event
+
+    async def connect_process(
+        self, session_id: str, tenant: str, pid: int
+    ) -> AsyncIterator[ProcessEvent]:
+        events = await self._guard(self.client.connect_process(session_id, pid))
+        async for event in self._streamed(events):
+            yield event
+
+    async def _streamed(self, events: AsyncIterator[ProcessEvent]) -> AsyncIterator[ProcessEvent]:
+        try:
+            async for event in events:
+                yield event
+        except TransportFailed as e:
+            raise self._failed(e) from e
+
+    async def list_processes(self, session_id: str, tenant: str) -> list[ProcessInfo]:
+        return await self._guard(self.client.list_processes(session_id))
+
+    async def send_stdin(self, session_id: str, tenant: str, pid: int, data: bytes) -> None:
+        await self._guard(self.client.send_stdin(session_id, pid, data))
+
+    async def close_stdin(self, session_id: str, tenant: str, pid: int) -> None:
+        await self._guard(self.client.close_stdin(session_id, pid))
+
+    async def signal_process(self, session_id: str, tenant: str, pid: int, sig: Signal) -> None:
+        await self._guard(self.client.signal_process(session_id, pid, sig))
+
+    async def stat(self, session_id: str, tenant: str, path: str) -> FsEntry:
+        return await self._guard(self.client.stat(session_id, path))
+
+    async def list_tree(self, session_id: str, tenant: str, path: str, depth: int) -> list[FsEntry]:
+        return await self._guard(self.client.list_tree(session_id, path, depth))
+
+    async def make_dir(self, session_id: str, tenant: str, path: str) -> FsEntry:
+        return await self._guard(self.client.make_dir(session_id, path))
+
+    async def move(self, session_id: str, tenant: str, source: str, destination: str) -> FsEntry:
+        return await self._guard(self.client.move(session_id, source, destination))
+
+    async def remove(self, session_id: str, tenant: str, path: str) -> None:
+        await self._guard(self.client.remove(session_id, path))
+
+    async def watch(
+        self, session_id: str, tenant: str, path: str, recursive: bool
+    ) -> AsyncIterator[FsChange]:
+        return await self._guard(self.client.watch(session_id, path, recursive))
+
+    async def create_watcher(self, session_id: str, tenant: str, path: str, recursive: bool) -> str:
+        return await self._guard(self.client.create_watcher(session_id, path, recursive))
+
+    async def watcher_changes(
+        self, session_id: str, tenant: str, watcher_id: str
+    ) -> list[FsChange]:
+        return await self._guard(self.client.watcher_changes(session_id, watcher_id))
+
+    async def remove_watcher(self, session_id: str, tenant: str, watcher_id: str) -> None:
+        await self._guard(self.client.remove_watcher(session_id, watcher_id))
 
     async def _guard(self, operation: Awaitable[T]) -> T:
         try:

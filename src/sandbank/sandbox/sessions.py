@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from ..egress.policy import NetworkPolicy
 from ..errors import AtCapacity
+from ..protocol.filesystem import FsChange
+from ..protocol.processes import ContextInfo
 from ..protocol.sessions import SessionInfo
 from .backends.base import Sandbox
 from .host.workspace import OpenFile
@@ -34,16 +36,24 @@ class ExecSession:
     network: NetworkPolicy = field(default_factory=NetworkPolicy)  # what its code may reach
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # FIFO: calls run in arrival order
     open_files: set[OpenFile] = field(default_factory=set)  # closed when the session goes
+    labels: dict[str, str] = field(default_factory=dict)  # a door's notes (E2B's metadata)
+    envs: dict[str, str] = field(default_factory=dict)  # of every call and process
+    contexts: dict[str, ContextInfo] = field(default_factory=dict)  # Python contexts by id
+    executions: dict[str | None, int] = field(default_factory=dict)  # notebook calls, by context
+    watchers: dict[str, Watcher] = field(default_factory=dict)  # watches polled by id
 
     def touch(self) -> None:
         self.last_activity_at = time.time()
 
     def expired(self, now: float) -> str | None:
-        if now - self.created_at > self.max_lifetime:
+        if self.outlived(now):
             return "maximum lifetime reached"
         if self.inflight == 0 and now - self.last_activity_at > self.idle_timeout:
             return "idle timeout"
         return None
+
+    def outlived(self, now: float) -> bool:
+        return now - self.created_at > self.max_lifetime
 
     @property
     def idle(self) -> bool:
@@ -57,7 +67,25 @@ class ExecSession:
             created_at=self.created_at,
             last_activity_at=self.last_activity_at,
             network=self.network,
+            labels=dict(self.labels),
         )
+
+
+@dataclass(eq=False)
+class Watcher:
+    """A watch whose changes wait to be polled (at most MAX_PENDING; the rest are dropped)."""
+
+    task: asyncio.Task[None] | None = None
+    pending: list[FsChange] = field(default_factory=list)
+    dropped: int = 0
+
+    MAX_PENDING = 10000
+
+    def add(self, change: FsChange) -> None:
+        if len(self.pending) < self.MAX_PENDING:
+            self.pending.append(change)
+        else:
+            self.dropped += 1
 
 
 def victim(

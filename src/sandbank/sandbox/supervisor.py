@@ -9,10 +9,11 @@ waits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,6 +22,7 @@ from ..protocol.calls import (
     RC_KILLED,
     RC_TIMEOUT,
     BashCall,
+    CellError,
     Display,
     ExecResult,
     OnEvent,
@@ -30,6 +32,9 @@ from ..protocol.calls import (
     ToolCall,
 )
 from ..protocol.codec import decode_bundle, text
+from ..protocol.filesystem import FsChange
+from ..protocol.processes import ProcessEvent, ProcessInfo, ProcessSpec, Signal
+from .background import Background
 from .channel import WorkerBroken, WorkerGone, WorkerProcess
 from .inside import protocol
 from .limits import Limits
@@ -42,10 +47,19 @@ READY_TIMEOUT = 60.0
 
 def to_message(call: ToolCall) -> dict[str, Any]:
     if isinstance(call, PythonCall):
-        return {"op": protocol.OP_PYTHON, "code": call.code}
+        msg: dict[str, Any] = {"op": protocol.OP_PYTHON, "code": call.code}
+        if call.context is not None:
+            msg[protocol.CONTEXT] = call.context
+        if call.cwd is not None:
+            msg[protocol.CWD] = call.cwd
+        if call.envs:
+            msg[protocol.ENVS] = dict(call.envs)
+        if call.notebook:
+            msg[protocol.NOTEBOOK] = True
+        return msg
     if isinstance(call, BashCall):
         return {"op": protocol.OP_BASH, "command": call.command}
-    msg: dict[str, Any] = {"op": protocol.OP_EDIT, "command": call.command, "path": call.path}
+    msg = {"op": protocol.OP_EDIT, "command": call.command, "path": call.path}
     for key in ("file_text", "old_str", "new_str", "insert_line"):
         value = getattr(call, key)
         if value is not None:
@@ -103,6 +117,7 @@ class SupervisedSandbox:
         self._restart: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._closed = False
+        self.background: Background | None = None  # the worker's processes and watches
         self.restarts = 0
         self.on_restart: Callable[[RestartReason], None] | None = None  # the runtime's hook
 
@@ -159,6 +174,8 @@ class SupervisedSandbox:
         if not hello.get(protocol.READY):
             await worker.close()
             raise SandboxError("the sandbox failed to start: no ready signal")
+        self.background = Background(worker)
+        worker.demux(self.background.dispatch)
         return worker
 
     def _schedule_restart(self, reason: RestartReason) -> None:
@@ -210,6 +227,54 @@ class SupervisedSandbox:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    # --- services beside calls: processes, watches, contexts ---------------------------------
+    async def _services(self) -> Background:
+        """The current worker's services, once a pending restart is done."""
+        task = self._restart
+        if task is not None and not task.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(task), READY_TIMEOUT)
+        if self._closed or self.background is None:
+            raise SandboxError("the session has ended")
+        return self.background
+
+    async def start_process(self, spec: ProcessSpec) -> AsyncIterator[ProcessEvent]:
+        return await (await self._services()).start(spec)
+
+    async def connect_process(self, pid: int) -> AsyncIterator[ProcessEvent]:
+        return (await self._services()).connect(pid)
+
+    async def list_processes(self) -> list[ProcessInfo]:
+        return (await self._services()).listing()
+
+    async def send_stdin(self, pid: int, data: bytes) -> None:
+        await (await self._services()).write(pid, data)
+
+    async def close_stdin(self, pid: int) -> None:
+        await (await self._services()).close_stdin(pid)
+
+    async def signal_process(self, pid: int, sig: Signal) -> None:
+        await (await self._services()).signal(pid, sig)
+
+    async def watch(self, path: str, recursive: bool) -> AsyncIterator[FsChange]:
+        return await (await self._services()).watch(path, recursive)
+
+    async def drop_context(self, context: str) -> None:
+        """Forget a Python context's namespace (a call of its own, in order with the others)."""
+        async with self._lock:
+            if self._closed:
+                return
+            worker = await self._ready_worker(time.monotonic() + READY_TIMEOUT)
+            if worker is None:
+                return
+            try:
+                await worker.send({"op": protocol.OP_DROP_CONTEXT, protocol.CONTEXT: context})
+                await asyncio.wait_for(_reply(worker), self.limits.grace + 5)
+            except TimeoutError:
+                self._schedule_restart("protocol")  # a late reply must not answer a later call
+            except WorkerGone:
+                pass  # the next call finds it dead and starts another: the context is gone too
 
     # --- calls -------------------------------------------------------------------------------
     async def execute(
@@ -365,12 +430,18 @@ def _parse(reply: dict[str, Any]) -> ExecResult:
         displays = [decode_bundle(b) for b in reply.get(protocol.DISPLAYS) or []]
         if dropped := int(reply.get(protocol.DISPLAYS_CUT) or 0):
             stderr += f"\n[sandbank] {dropped} display outputs were too large to send\n"
+        main = reply.get(protocol.MAIN)
+        error = reply.get(protocol.ERROR)
         return ExecResult(
             stdout=text(reply.get(protocol.STDOUT) or ""),
             stderr=stderr,
             return_code=int(reply.get(protocol.RETURN_CODE) or 0),
             files=files,
             displays=displays,
+            main=decode_bundle(main) if main is not None else None,
+            error=CellError(text(error["name"]), text(error["value"]), text(error["traceback"]))
+            if error is not None
+            else None,
         )
     except (TypeError, ValueError, AttributeError) as e:
         raise WorkerBroken("a malformed reply") from e

@@ -13,13 +13,15 @@ import hashlib
 import os
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import ClassVar, Protocol
 
 from ...config import Settings
 from ...egress.proxy import EgressProxy
 from ...protocol.calls import ExecResult, OnEvent, RestartReason, ToolCall
+from ...protocol.filesystem import FsChange
+from ...protocol.processes import ProcessEvent, ProcessInfo, ProcessSpec, Signal
 from ..limits import limits_from
 
 # Properties a backend can claim (each one a part of the contract suite):
@@ -65,6 +67,33 @@ class Sandbox(Protocol):
 
     async def close(self) -> None:
         """Kill everything and give back every host resource; a running call gets a result."""
+        ...
+
+    # Beside calls (while one runs too): background processes, watches, Python contexts.
+    async def start_process(self, spec: ProcessSpec) -> AsyncIterator[ProcessEvent]:
+        """Start a process; its events (`Started` first). Dropping them stops nothing."""
+        ...
+
+    async def connect_process(self, pid: int) -> AsyncIterator[ProcessEvent]:
+        """A running process's events from now on (`Started` first); `NotFound` for none."""
+        ...
+
+    async def list_processes(self) -> list[ProcessInfo]: ...
+
+    async def send_stdin(self, pid: int, data: bytes) -> None: ...
+
+    async def close_stdin(self, pid: int) -> None: ...
+
+    async def signal_process(self, pid: int, sig: Signal) -> None:
+        """Signal the process's whole group."""
+        ...
+
+    async def watch(self, path: str, recursive: bool) -> AsyncIterator[FsChange]:
+        """Changes under a workspace directory (a relative path), once the watch is in place."""
+        ...
+
+    async def drop_context(self, context: str) -> None:
+        """Forget a Python context's namespace."""
         ...
 
 

@@ -124,6 +124,8 @@ class BwrapStarter:
             argv += ["--ro-bind", str(self.slot.egress_dir), egress.SOCKET_DIR_INSIDE]
         for source, dest in trust.binds(self.trust_store):
             argv += ["--ro-bind", source, dest]
+        for link, target in layout.SYMLINKS.items():
+            argv += ["--symlink", target, link]
         argv += [
             "--remount-ro", "/",
             "--chdir", "/workspace",

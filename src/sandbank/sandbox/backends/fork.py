@@ -133,7 +133,7 @@ class ForkedWorker(WorkerProcess):
         except (BrokenPipeError, ConnectionResetError, RuntimeError) as e:
             raise WorkerGone from e
 
-    async def recv(self) -> dict[str, Any]:
+    async def _read_frame(self) -> dict[str, Any]:
         return await read_frame(self._reader)
 
     async def wait(self, timeout: float = 5.0) -> int | None:
@@ -150,6 +150,7 @@ class ForkedWorker(WorkerProcess):
 
     async def close(self) -> None:
         self.kill()
+        self.stop_reading()
         await self.wait()
         for task in (self._stderr_task, self._exit):
             task.cancel()
@@ -202,6 +203,7 @@ class ForkStarter:
             "init": f"{layout.RUNTIME_MOUNT}/{INIT_PROGRAM}",
             "etc_binds": list(layout.ETC_BINDS),
             "ro_binds": binds,  # (host path, sandbox path)
+            "symlinks": layout.SYMLINKS,  # in the sandbox's root: link -> target
             "etc_files": layout.etc_files(slot.uid),  # written into the sandbox's own root
             "tmp_bytes": self.limits.tmp_bytes,
             "open_files": self.limits.open_files,

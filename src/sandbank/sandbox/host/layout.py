@@ -22,6 +22,8 @@ LIB_MOUNT = "/opt/sandbank/lib"  # on the worker's path: the package below and t
 INSIDE_MOUNT = f"{LIB_MOUNT}/sandbank_inside"
 WORKER = (f"{RUNTIME_MOUNT}/bin/python3", "-s", "-m", "sandbank_inside.worker")
 HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+# Symlinks in the sandbox's root (link -> target): E2B's user home is the workspace.
+SYMLINKS = {"/home/user": "/workspace"}
 # Read-only pieces of the host's /etc a data stack needs; nothing with secrets.
 ETC_BINDS = (
     "alternatives", "fonts", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime",

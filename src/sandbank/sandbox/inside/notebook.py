@@ -108,6 +108,9 @@ class EchoHook(DisplayHook):  # type: ignore[misc]
     def write_format_data(
         self, format_dict: dict[str, Any], md_dict: dict[str, Any] | None = None
     ) -> None:
+        if self.shell.on_echo is not None:  # a notebook call: the value is its main result
+            self.shell.on_echo(format_dict)
+            return
         text = format_dict.get("text/plain")
         if text is not None:
             sys.stdout.write(f"{text}\n")
@@ -143,6 +146,9 @@ class SandboxMagics(Magics):  # type: ignore[misc]
 class SandboxShell(InteractiveShell):  # type: ignore[misc]
     displayhook_class = Type(EchoHook)
     display_pub_class = Type(Publisher)
+    # In a notebook call (contexts.py): where the last value and an exception go, not text.
+    on_echo: Callable[[dict[str, Any]], None] | None = None
+    on_error: Callable[[str, str, str], None] | None = None
 
     def init_ipython_dir(self, ipython_dir: str | None) -> None:
         pass  # no ~/.ipython: the workspace is the user's, and no profile is read
@@ -196,6 +202,10 @@ class SandboxShell(InteractiveShell):  # type: ignore[misc]
         yield
 
     def _showtraceback(self, etype: Any, evalue: Any, stb: Any) -> None:
+        if self.on_error is not None:
+            name = getattr(etype, "__name__", str(etype))
+            self.on_error(name, str(evalue), self.InteractiveTB.stb2text(stb))
+            return
         sys.stdout.flush()
         sys.stderr.write(self.InteractiveTB.stb2text(stb) + "\n")
         sys.stderr.flush()

@@ -41,6 +41,26 @@ EVENT_STDOUT, EVENT_STDERR, EVENT_DISPLAY = "stdout", "stderr", "display"
 # The worker's first frame says it is ready: {"ready": true, "pid": N}.
 READY = "ready"
 
+# Python calls (OP_PYTHON) may also carry (see `contexts.py`):
+CONTEXT = "context"  # a context's id: a namespace of its own (absent: the main namespace)
+CWD = "cwd"  # the context's working directory when it is first used
+ENVS = "envs"  # {name: value} set for the call only
+NOTEBOOK = "notebook"  # true: the last value is `main`, an exception `error` (not text)
+OP_DROP_CONTEXT = "drop_context"  # context: forget that namespace
+# ...and their replies, when NOTEBOOK was asked for:
+MAIN = "main"  # the last expression's display bundle
+ERROR = "error"  # {"name", "value", "traceback"} of the exception that ended the call
+
+# Services beside calls (`services.py`): background processes and directory watches. They are
+# served while a call runs, so their frames are tagged apart from a call's:
+SERVICE = "svc"  # a request {"svc": op, "rid": n, ...}, answered {"bg": "reply", "rid": n, ...}
+BACKGROUND = "bg"  # what a frame from the worker is for: "reply", "proc" or "watch"
+SVC_START, SVC_LIST, SVC_INPUT, SVC_CLOSE_STDIN, SVC_SIGNAL = (
+    "start", "list", "input", "close_stdin", "signal",
+)  # fmt: skip
+SVC_WATCH, SVC_UNWATCH = "watch", "unwatch"
+MAX_CHUNK = 64 * 1024  # bytes of a process's output in one frame
+
 # Reply fields: every reply to a call has all of them.
 STDOUT, STDERR, RETURN_CODE, FILES = "stdout", "stderr", "return_code", "files"
 FILES_CUT = "files_cut"  # how many produced files were not listed (absent when none)

@@ -2,7 +2,9 @@
 
 The code runs in IPython's shell as adapted in `notebook.py`; here a call becomes an exit
 status (0, 1, 130 for an interrupt, `SystemExit`'s code), its display bundles, and its figures
-saved; a fork of user code that comes back here ends.
+saved; a fork of user code that comes back here ends. A runner has a namespace of its own (the
+session's main one, or a context's: contexts.py), swapped into the one shell while it runs. In
+a notebook call the last value becomes `main` and an exception `error` instead of text.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import contextlib
 import os
 import sys
 import traceback
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from .display import bundle_of
 from .notebook import Publisher, SandboxShell, rewind
 
 
@@ -24,10 +28,23 @@ class PythonRunner:
     `displays` after `run`, and handed to `on_display` as each is made.
     """
 
-    def __init__(self, shell: SandboxShell, owner_pid: int) -> None:
+    def __init__(
+        self, shell: SandboxShell, owner_pid: int, module: types.ModuleType | None = None
+    ) -> None:
         self.shell = shell
         self.owner_pid = owner_pid
         self.publisher: Publisher = shell.display_pub
+        # Its namespace: the shell's own (the session's main one), or a context's.
+        self.module = module
+        # A notebook call (contexts.py): the last value is `main`, an exception `error`.
+        self.notebook = False
+        self.main: dict[str, Any] | None = None
+        self.error: dict[str, str] | None = None
+
+    def display(self, obj: Any) -> None:
+        """Show an object as `display(obj)` does (a figure in a notebook call, say)."""
+        data, metadata = self.shell.display_formatter.format(obj)
+        self.publisher.publish(data, metadata)
 
     @property
     def displays(self) -> list[dict[str, Any]]:
@@ -64,10 +81,16 @@ class PythonRunner:
         return status
 
     def _run(self, code: str) -> int:
+        self.main = self.error = None
+        shell = self.shell
+        shell.on_echo = self._echoed if self.notebook else None
+        shell.on_error = self._failed if self.notebook else None
         try:
-            result = self.shell.run_cell(code, store_history=True)
+            with in_namespace(shell, self.module):
+                result = shell.run_cell(code, store_history=True)
         finally:
-            self.shell.forget()
+            shell.on_echo = shell.on_error = None
+            shell.forget()
         error = result.error_before_exec or result.error_in_exec
         if error is None:
             return 0
@@ -79,6 +102,31 @@ class PythonRunner:
             print(error.code, file=sys.stderr)
             return 1
         return 130 if isinstance(error, KeyboardInterrupt) else 1
+
+    def _echoed(self, format_dict: dict[str, Any]) -> None:
+        self.main = bundle_of(format_dict)
+
+    def _failed(self, name: str, value: str, text: str) -> None:
+        self.error = {"name": name, "value": value, "traceback": text}
+
+
+@contextlib.contextmanager
+def in_namespace(shell: SandboxShell, module: types.ModuleType | None) -> Iterator[None]:
+    """The shell runs in `module`'s namespace for a while (None: its own, the main one)."""
+    if module is None or module is shell.user_module:
+        yield
+        return
+    own_module, own_ns = shell.user_module, shell.user_ns
+    namespace = module.__dict__
+    # What IPython keeps in a namespace of its own (`_oh`, `In`, `exit`...), shared.
+    for name in shell.user_ns_hidden:
+        if name in own_ns:
+            namespace.setdefault(name, own_ns[name])
+    shell.user_module, shell.user_ns = module, namespace
+    try:
+        yield
+    finally:
+        shell.user_module, shell.user_ns = own_module, own_ns
 
 
 def save_figures() -> None:

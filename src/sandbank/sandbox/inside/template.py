@@ -133,6 +133,9 @@ def build_root(order: dict[str, Any]) -> None:
     _bind(order["workspace"], root, "/workspace", ro=False)
     for src, dst in order.get("ro_binds", ()):  # the egress proxy's socket directory
         _bind(src, root, dst)
+    for link, target in order.get("symlinks", {}).items():  # /home/user -> /workspace
+        os.makedirs(os.path.dirname(root + link), exist_ok=True)
+        os.symlink(target, root + link)
     os.makedirs(f"{root}/tmp")
     mount(
         "tmpfs",

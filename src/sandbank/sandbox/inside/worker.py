@@ -19,10 +19,12 @@ from typing import Any
 
 from . import protocol as p
 from .capture import Capture
+from .contexts import Contexts
 from .editor import Editor
 from .files import produced, scan
 from .notebook import session_shell
 from .pyexec import PythonRunner
+from .services import Services
 from .shell import Shell, ShellUnavailable
 
 WORKSPACE = os.environ.get("SANDBANK_WORKSPACE", "/workspace")
@@ -82,6 +84,8 @@ class Worker:
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.python = PythonRunner(session_shell(), owner_pid=channel.pid)
+        self.contexts = Contexts(self.python, channel.pid, WORKSPACE)
+        self.services = Services(channel)  # background processes and watches, beside calls
         self.shell = Shell(WORKSPACE)
         self.editor = Editor(WORKSPACE)
         self.busy: str | None = None
@@ -128,9 +132,10 @@ class Worker:
 
     def serve(self, interrupt_fd: int) -> None:
         threading.Thread(target=self.watch_interrupts, args=(interrupt_fd,), daemon=True).start()
+        calls = self.services.split()
         while True:
             try:
-                msg = self.channel.recv()
+                msg = calls()
             except (EOFError, OSError, p.ProtocolViolation):
                 return
             try:
@@ -166,15 +171,22 @@ class Worker:
             return {"ok": True}
         if op == p.OP_PYTHON:
             before = scan(WORKSPACE)
-            self.python.on_display = (
-                (lambda b: self.channel.send({p.EVENT: p.EVENT_DISPLAY, "data": b}))
-                if live
-                else None
-            )
-            with self.busy_with(p.OP_PYTHON), Capture(limit, live) as cap:
-                rc = self.python.run(str(msg["code"]))
+            with self.contexts.entered(msg) as python:
+                python.on_display = (
+                    (lambda b: self.channel.send({p.EVENT: p.EVENT_DISPLAY, "data": b}))
+                    if live
+                    else None
+                )
+                with self.busy_with(p.OP_PYTHON), Capture(limit, live) as cap:
+                    rc = python.run(str(msg["code"]))
             files = produced(WORKSPACE, before)
-            return p.result(cap.out, cap.err, rc, files, self.python.displays)
+            reply = p.result(cap.out, cap.err, rc, files, python.displays)
+            if msg.get(p.NOTEBOOK):
+                reply[p.MAIN], reply[p.ERROR] = python.main, python.error
+            return reply
+        if op == p.OP_DROP_CONTEXT:
+            self.contexts.drop(str(msg.get(p.CONTEXT)))
+            return p.result()
         if op == p.OP_BASH:
             before = scan(WORKSPACE)
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from matplotlib.backend_bases import FigureManagerBase
@@ -22,9 +23,17 @@ def fresh_name(stem: str = "figure", suffix: str = ".png") -> str:
 
 
 def save_all() -> list[str]:
-    """Save every open figure under a fresh name in the workspace, then close them."""
+    """Save every open figure under a fresh name in the workspace, then close them (in a
+    notebook call, display them instead: see sandbank_inside.contexts)."""
     import matplotlib.pyplot as plt
 
+    contexts = sys.modules.get("sandbank_inside.contexts")
+    show_figure = getattr(contexts, "show_figure", None)
+    if show_figure is not None:
+        for num in plt.get_fignums():
+            show_figure(plt.figure(num))
+        plt.close("all")
+        return []
     saved = []
     for num in plt.get_fignums():
         path = fresh_name()
