@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from .agent.anyllm import model_from_settings
 from .agent.model import Model
 from .config import Settings
-from .errors import ConfigError, ModelEndpointRefused, ModelNotConfigured, SandbankError
+from .errors import ModelEndpointRefused, ModelNotConfigured, SandbankError
 from .execapi import openapi
 from .execapi.admin import sessions_endpoint
 from .execapi.routes import ExecApi
@@ -44,7 +43,7 @@ from .interpreter.service import InterpreterService
 from .metrics import MeteredModel, Metrics, SandboxHooks, endpoint
 from .sandbox.local import LocalSandboxes
 from .sandbox.port import Sandboxes
-from .startup import without_credentials
+from .startup import check_exposure, without_credentials
 from .store import Store, database_url, open_store
 from .store.lockfile import ServeLock
 from .web import site
@@ -52,29 +51,6 @@ from .web import site
 log = logging.getLogger("sandbank")
 RESTARTED = "interrupted by a server restart"
 UNAVAILABLE = "the assistant is not available; ask the administrator"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def check_exposure(settings: Settings, tokens: list[str]) -> None:
-    """An unauthenticated code-execution API is remote code execution for anyone who reaches it."""
-    if settings.exec_api == "off" or tokens:
-        return
-    host = settings.exec_api_host if settings.exec_api == "separate" else settings.host
-    if not is_loopback(host):
-        raise ConfigError(
-            f"refusing to serve the code-execution API on {host} without tokens: "
-            "anyone who reaches it could run code. Set SANDBANK_EXEC_TOKENS (or "
-            "SANDBANK_EXEC_TOKENS_FILE), listen on 127.0.0.1, serve it on a loopback listener "
-            "of its own (SANDBANK_EXEC_API=separate), or set SANDBANK_EXEC_API=off"
-        )
 
 
 def build_model(settings: Settings) -> Model | SandbankError:
@@ -199,8 +175,8 @@ class Services:
         self.node: NodeControl | None = None
         self.exec_api: ExecApi | FrontApi
         tokens = [] if s.role == "node" else load_tokens(s)
-        if s.role != "node":
-            check_exposure(s, tokens)
+        for warning in check_exposure(s, tokens):
+            log.warning("%s", warning)
         self.auth = TokenAuth(tokens)
         if s.role == "front":
             self.fleet = Fleet(s)

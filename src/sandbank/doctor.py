@@ -299,8 +299,8 @@ def model_check(ask: bool) -> Check:
 
 
 def check_listening(settings: Settings) -> str:
-    from .app import check_exposure
     from .http.auth import load_tokens
+    from .startup import check_exposure
 
     try:
         tokens = load_tokens(settings)
@@ -310,7 +310,7 @@ def check_listening(settings: Settings) -> str:
             "point it at a readable file of tokens, one per line",
         ) from None
     try:
-        check_exposure(settings, tokens)
+        open_doors = check_exposure(settings, [] if settings.role == "node" else tokens)
     except SandbankError as error:
         raise Failed(error.message) from None
     listeners = [(settings.host, settings.port)]
@@ -320,6 +320,8 @@ def check_listening(settings: Settings) -> str:
     auth = f"{len(tokens)} exec token(s)" if tokens else "no exec tokens (loopback only)"
     if busy:
         raise Warned(f"{', '.join(busy)} in use (a server running already?); {auth}")
+    if open_doors:
+        raise Warned("; ".join(open_doors))
     return f"{', '.join(f'{h}:{p}' for h, p in listeners)} free; {auth}"
 
 
