@@ -57,11 +57,11 @@ def test_under_api_the_same_failure_has_the_interpreter_error_shape() -> None:
 def test_at_capacity_carries_retry_after() -> None:
     r = TestClient(app()).get("/full")
     assert r.status_code == 503 and r.headers["retry-after"] == "7"
-    assert r.json() == {"detail": "all busy"}
+    assert r.json() == {"detail": "all busy", "code": "at_capacity"}
 
 
 def test_a_sandbox_that_cannot_start_now_is_a_503_to_retry_not_a_500() -> None:
     """CreateSession's contract has 503 for "no session leased", and no 500."""
     r = TestClient(app()).get("/no-template")
     assert r.status_code == 503 and r.headers["retry-after"] == "2"
-    assert r.json() == {"detail": "the fork template is gone"}
+    assert r.json() == {"detail": "the fork template is gone", "code": "sandbox_unavailable"}

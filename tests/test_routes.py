@@ -69,3 +69,20 @@ def test_every_route_served_is_documented(config: str, data: Path) -> None:
 def test_the_walk_finds_a_route_that_is_not_documented() -> None:
     extra = [Mount("/api", routes=[Route("/sessions/{session_id}/secret", lambda r: None)])]
     assert set(served(extra)) - documented() == {("/api/sessions/{session_id}/secret", "GET")}
+
+
+PUBLIC = {"/api/uploads", "/api/downloads", "/api/openapi.json", "/docs"}
+
+
+def test_every_interpreter_operation_that_needs_a_key_declares_the_bearer_scheme() -> None:
+    """Generated clients send the key only where the document says an operation needs it."""
+    doc = interpreter_openapi.document()
+    scheme = doc["components"]["securitySchemes"]["bearerAuth"]
+    assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            if method not in ("get", "post", "put", "patch", "delete"):
+                continue
+            security = operation.get("security", doc["security"])
+            expected = [] if path in PUBLIC else [{"bearerAuth": []}]
+            assert security == expected, (path, method)

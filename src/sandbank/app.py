@@ -287,7 +287,13 @@ def create_app(
         routes.append(Route("/health", services.exec_api.health, methods=["GET"]))
     if settings.web_ui == "on" and services.interpreter is not None:
         routes += site(settings)
-    routes.append(Route("/metrics", endpoint(services.metrics, services.auth), methods=["GET"]))
+    routes.append(
+        Route(
+            "/metrics",
+            endpoint(services.metrics, services.auth, settings.metrics_token.get_secret_value()),
+            methods=["GET"],
+        )
+    )
     if services.local is not None:
         admin = sessions_endpoint(services.local, settings)
         routes.append(Route("/admin/sessions", admin, methods=["GET"]))
@@ -298,7 +304,14 @@ def create_app(
     if services.node is not None:
         routes += services.node.routes()
         token = settings.fleet_token.get_secret_value()
-        middleware.append(Middleware(FleetGate, token=token, control=services.node))
+        middleware.append(
+            Middleware(
+                FleetGate,
+                token=token,
+                control=services.node,
+                metrics_open=bool(settings.metrics_token.get_secret_value()),
+            )
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -324,7 +337,13 @@ def create_exec_app(services: Services, settings: Settings) -> Starlette:
         routes=[
             *services.exec_api.routes(),
             Route("/openapi.json", _openapi, methods=["GET"]),
-            Route("/metrics", endpoint(services.metrics, services.auth), methods=["GET"]),
+            Route(
+                "/metrics",
+                endpoint(
+                    services.metrics, services.auth, settings.metrics_token.get_secret_value()
+                ),
+                methods=["GET"],
+            ),
         ],
         middleware=[
             Middleware(AccessMiddleware, metrics=services.metrics),

@@ -339,11 +339,24 @@ class MeteredModel:
             await close()
 
 
-def endpoint(metrics: Metrics, auth: TokenAuth) -> Any:
-    """GET /metrics, behind the code-execution API's tokens when there are any."""
+def endpoint(metrics: Metrics, auth: TokenAuth, metrics_token: str = "") -> Any:
+    """GET /metrics: with SANDBANK_METRICS_TOKEN, that token (a scraper's, which runs no code)
+    or one of the code-execution API's tokens; without it, the API's tokens when there are any."""
+    import hmac
+
+    from .errors import Unauthorized
+    from .http.auth import bearer
+
+    expected = metrics_token.encode()
 
     async def serve(request: Request) -> Response:
-        auth.tenant(request.headers.get("authorization"))  # Unauthorized (401) without one
+        given = bearer(request.headers.get("authorization"))
+        if not (expected and given is not None and hmac.compare_digest(given.encode(), expected)):
+            if expected and not auth.enabled:
+                raise Unauthorized(
+                    "a bearer token is required: Authorization: Bearer <SANDBANK_METRICS_TOKEN>"
+                )
+            auth.tenant(request.headers.get("authorization"))  # Unauthorized (401) without one
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     return serve

@@ -10,9 +10,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests import support
 from tests.interpreter.fake_llm import FakeLLM
 from tests.interpreter.harness import Server, openai_env, running
-from tests.support import SANDBANK
+from tests.support import SANDBANK, data_dir
 
 ADMIN = "admin-token-for-tests"
 
@@ -23,7 +24,9 @@ def server(llm: FakeLLM) -> Iterator[Server]:
         yield s
 
 
-def sandbank(server: Server, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+def sandbank(
+    server: support.Server, *args: str, stdin: str = ""
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [SANDBANK, *args],
         env=server.env,
@@ -99,6 +102,34 @@ def test_exec_can_keep_a_session_and_come_back_to_it(server: Server) -> None:
     assert (done.returncode, done.stdout) == (0, "42\n"), done.stderr
 
 
+def test_exec_takes_the_session_as_one_argument_too(server: Server) -> None:
+    done = sandbank(server, "exec", "--url", server.url, "--keep", "-c", "y = 1")
+    session = done.stderr.strip().removeprefix("[session] ")
+    assert not session.startswith("-")
+    done = sandbank(server, "exec", "--url", server.url, f"--session={session}", "-c", "y + 1")
+    assert (done.returncode, done.stdout) == (0, "2\n"), done.stderr
+
+
+def test_exec_says_a_session_ended_with_a_server_restart() -> None:
+    with data_dir() as data:
+        server = support.Server(data, isolation="none")
+        server.start()
+        try:
+            done = sandbank(server, "exec", "--url", server.url, "--keep", "-c", "z = 1")
+            session = done.stderr.strip().removeprefix("[session] ")
+            server.stop()
+            server.start()
+            done = sandbank(server, "exec", "--url", server.url, f"--session={session}", "-c", "z")
+        finally:
+            server.stop()
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"sandbank: running the code failed: session {session!r} ended when the server "
+        "restarted (sessions live in the server's memory and end with it): create a new session "
+        "and run your code again\n"
+    )
+
+
 def test_exec_says_when_the_server_cannot_be_reached(server: Server) -> None:
     done = sandbank(server, "exec", "--url", "http://127.0.0.1:9", "-c", "1")
     assert done.returncode == 1
@@ -115,7 +146,7 @@ def test_a_servers_exec_sessions_are_listed_with_the_admin_token(server: Server)
         assert done.returncode == 0, done.stderr
         header, *rows = done.stdout.splitlines()
         assert header.split() == ["SESSION", "TENANT", "CREATED", "STATE", "IDLE"]
-        mine = [r for r in rows if r.startswith(sid[:8] + "…")]
+        mine = [r for r in rows if r.startswith(sid[:14] + "…")]
         assert len(mine) == 1 and " idle " in mine[0]
         assert sid not in done.stdout  # a prefix only: the listing grants no access
     finally:

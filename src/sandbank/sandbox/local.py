@@ -37,6 +37,16 @@ from .sessions import ExecSession, victim
 from .supervisor import restore_root
 
 log = logging.getLogger(__name__)
+# A session id: this server process's instance (hex, so an id never begins with `-`, which a
+# command line would take for an option), then 144 random bits.
+INSTANCE_CHARS = 6
+RANDOM_BYTES = 18
+ID_CHARS = INSTANCE_CHARS + RANDOM_BYTES * 4 // 3
+HEX = frozenset("0123456789abcdef")
+ENDED_WITH_SERVER = (
+    "session {id!r} ended when the server restarted (sessions live in the server's memory "
+    "and end with it): create a new session and run your code again"
+)
 
 
 class Hooks(Protocol):
@@ -85,6 +95,15 @@ class LocalSandboxes:
         self._sweeping: asyncio.Future[None] | None = None
         self._sweep_again = False
         self._accepting = False
+        self.instance = secrets.token_hex(INSTANCE_CHARS // 2)
+
+    def new_id(self) -> str:
+        return self.instance + secrets.token_urlsafe(RANDOM_BYTES)
+
+    def ended_with_a_restart(self, session_id: str) -> bool:
+        """Whether the id is one of ours from an earlier run of the server (not this one's)."""
+        head = session_id[:INSTANCE_CHARS]
+        return len(session_id) == ID_CHARS and set(head) <= HEX and head != self.instance
 
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -145,7 +164,7 @@ class LocalSandboxes:
         sandbox = await self.pool.take()
         sandbox.on_restart = self._restarted
         session = ExecSession(
-            id=secrets.token_urlsafe(18),
+            id=self.new_id(),
             tenant=tenant,
             sandbox=sandbox,
             idle_timeout=min(spec.idle_timeout or s.idle_timeout_default, s.idle_timeout_max),
@@ -167,6 +186,8 @@ class LocalSandboxes:
         session = self._sessions.get(session_id)
         # Another tenant's session does not exist for this caller.
         if session is None or not secrets.compare_digest(session.tenant, tenant):
+            if session is None and self.ended_with_a_restart(session_id):
+                raise SessionNotFound(ENDED_WITH_SERVER.format(id=session_id))
             raise SessionNotFound(f"no session {session_id!r}")
         session.touch()
         return session
