@@ -169,7 +169,12 @@ def test_sigterm_ends_running_calls_with_a_result_and_removes_everything() -> No
         assert time.monotonic() - t0 < 15
         t.join(5)
         r = out["r"]
-        assert r.status_code == 200 and r.json()["result_block"]["content"]["return_code"] != 0
+        content = r.json()["result_block"]["content"]
+        assert r.status_code == 200 and content["return_code"] == 137
+        assert content["stderr"] == (
+            "[sandbank] the server is restarting: this session ended with it (its state is "
+            "lost); retry in a new session\n"
+        )
         assert list((d / "sandboxes").iterdir()) == []
         from sandbank.sandbox.backends.base import instance_id
         from sandbank.sandbox.host import cgroups, disk

@@ -111,6 +111,13 @@ def file_out(record: FileRecord) -> dict[str, Any]:
     return {"filename": record.filename, "size": record.size, "origin": record.origin}
 
 
+# The end of a stream whose server stops: the run goes on (another replica, or the next start).
+RESTARTING = (
+    "the server is restarting, retry: the answer goes on (on another replica, or once the "
+    "server is back); reconnect with `from` set to the last message's timestamp"
+)
+
+
 def event_out(event: Event) -> bytes:
     """One event of the session's stream as Server-Sent Events; a message's id is its
     timestamp, so a reconnecting EventSource resumes after it (`Last-Event-ID`)."""
@@ -122,5 +129,7 @@ def event_out(event: Event) -> bytes:
     if event.kind == "text":
         return sse("text", {"step": event.step, "text": event.text})
     if event.kind == "end":
+        if event.reason == "shutdown":
+            return sse("end", {"reason": event.reason, "message": RESTARTING})
         return sse("end", {"reason": event.reason})
     return b": ping\n\n"

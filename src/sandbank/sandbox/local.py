@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import secrets
 import time
@@ -18,6 +19,7 @@ from ..config import Settings
 from ..egress.config import EgressConfig
 from ..errors import AtCapacity, SessionNotFound
 from ..protocol.calls import (
+    RC_KILLED,
     RC_TIMEOUT,
     Display,
     Done,
@@ -34,7 +36,7 @@ from .backends import backend_for
 from .backends.base import Backend
 from .pool import WarmPool
 from .sessions import ExecSession, victim
-from .supervisor import restore_root
+from .supervisor import DESTROYED, restore_root
 
 log = logging.getLogger(__name__)
 # A session id: this server process's instance (hex, so an id never begins with `-`, which a
@@ -43,6 +45,11 @@ INSTANCE_CHARS = 6
 RANDOM_BYTES = 18
 ID_CHARS = INSTANCE_CHARS + RANDOM_BYTES * 4 // 3
 HEX = frozenset("0123456789abcdef")
+# What a call running when the server stops gets (its session ends with the server).
+RESTARTING = (
+    "[sandbank] the server is restarting: this session ended with it (its state is lost); "
+    "retry in a new session\n"
+)
 ENDED_WITH_SERVER = (
     "session {id!r} ended when the server restarted (sessions live in the server's memory "
     "and end with it): create a new session and run your code again"
@@ -95,6 +102,7 @@ class LocalSandboxes:
         self._sweeping: asyncio.Future[None] | None = None
         self._sweep_again = False
         self._accepting = False
+        self._stopping = False
         self.instance = secrets.token_hex(INSTANCE_CHARS // 2)
 
     def new_id(self) -> str:
@@ -116,6 +124,7 @@ class LocalSandboxes:
     async def close(self) -> None:
         """Stop taking work, end running calls with a result, remove every sandbox."""
         self._accepting = False
+        self._stopping = True
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -150,7 +159,7 @@ class LocalSandboxes:
 
     async def _create(self, tenant: str, spec: SessionSpec) -> ExecSession:
         if not self._accepting:
-            raise AtCapacity("the server is shutting down", retry_after=30)
+            raise AtCapacity("the server is restarting: retry in a moment", retry_after=30)
         s = self.settings
         reclaim = victim(
             list(self._sessions.values()),
@@ -228,6 +237,10 @@ class LocalSandboxes:
         finally:
             session.inflight -= 1
             session.touch()
+        if self._stopping and result.return_code == RC_KILLED:
+            # Ended by the server's own stop, not by anything the code or client did.
+            kept = result.stderr.replace(DESTROYED, "")
+            result = dataclasses.replace(result, stderr=kept + RESTARTING)
         self.hooks.executed(call, result, time.monotonic() - arrival)
         return result
 
