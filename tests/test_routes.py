@@ -44,7 +44,9 @@ def documented() -> set[tuple[str, str]]:
     found = set()
     for doc in (exec_openapi.document(), interpreter_openapi.document()):
         for path, item in doc["paths"].items():
-            found |= {(path, m.upper()) for m in item if m in ("get", "post", "put", "delete")}
+            found |= {
+                (path, m.upper()) for m in item if m in ("get", "post", "put", "patch", "delete")
+            }
     return found
 
 

@@ -22,6 +22,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from .agent.anyllm import model_from_settings
 from .agent.model import Model
+from .agent.reach import OFF, ModelReach
 from .config import Settings
 from .errors import ModelEndpointRefused, ModelNotConfigured, SandbankError
 from .execapi import openapi
@@ -50,7 +51,6 @@ from .web import site
 
 log = logging.getLogger("sandbank")
 RESTARTED = "interrupted by a server restart"
-UNAVAILABLE = "the assistant is not available; ask the administrator"
 
 
 def build_model(settings: Settings) -> Model | SandbankError:
@@ -60,7 +60,7 @@ def build_model(settings: Settings) -> Model | SandbankError:
     except (ModelNotConfigured, ModelEndpointRefused) as e:
         # The details are the operator's (variables, providers); users see a plain sentence.
         log.warning("the agent is off: %s", e.message)
-        return type(e)(UNAVAILABLE)
+        return type(e)(OFF)
 
 
 class Interpreter:
@@ -88,7 +88,11 @@ class Interpreter:
             built if isinstance(built, SandbankError) else MeteredModel(built, metrics, endpoint)
         )
         files = SessionFiles(self.store, self.objects, s, on_file=metrics.file_moved)
-        self.runs = Runs(self.store, files, sandboxes, self.model, s, on_ended=metrics.run_ended)
+        self.reach = ModelReach(s, configured=not isinstance(self.model, SandbankError))
+        self.runs = Runs(
+            self.store, files, sandboxes, self.model, s, on_ended=metrics.run_ended,
+            reach=self.reach,
+        )  # fmt: skip
         self.service = InterpreterService(self.store, files, self.runs, s)
         self.identity = Identity(self.store, s)
         self.api = InterpreterApi(self.service, self.identity, s.message_max_chars)
@@ -111,7 +115,17 @@ class Interpreter:
         self._tasks = [
             asyncio.create_task(self.service.expire_forever(), name="expiry"),
             asyncio.create_task(self.runs.serve_forever(), name="runs"),
+            asyncio.create_task(self._check_model(), name="model check"),
         ]
+
+    async def _check_model(self) -> None:
+        verdict = await self.reach.check()
+        if verdict.state == "unreachable":
+            log.warning(
+                "the model's endpoint %s:%s does not answer: questions are refused until it "
+                "does (check SANDBANK_LLM_BASE_URL and that the model's server runs)",
+                *(self.reach.target or ("?", "?")),
+            )
 
     def _lock_sqlite(self) -> bool:
         """SQLite is for one serving process: True when this one is alone on its database."""
@@ -257,7 +271,7 @@ def _cors(settings: Settings) -> list[Middleware]:
         Middleware(
             CORSMiddleware,
             allow_origins=origins,
-            allow_methods=["GET", "POST", "DELETE"],
+            allow_methods=["GET", "POST", "PATCH", "DELETE"],
             allow_headers=["Authorization", "Content-Type"],
             max_age=600,
         )
@@ -286,7 +300,7 @@ def create_app(
     else:
         routes.append(Route("/health", services.exec_api.health, methods=["GET"]))
     if settings.web_ui == "on" and services.interpreter is not None:
-        routes += site(settings)
+        routes += site(settings, services.interpreter.reach)
     routes.append(
         Route(
             "/metrics",
