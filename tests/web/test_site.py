@@ -42,7 +42,7 @@ def test_the_page_does_not_shadow_the_code_execution_api(data: Path) -> None:
     client = client_of(data)
     assert client.post("/").status_code == 405
     assert client.get("/sessions/x/exec").status_code == 405  # a POST route: not a file
-    assert client.get("/elsewhere").json() == {"detail": "Not Found"}
+    assert client.get("/elsewhere").json() == {"detail": "Not Found", "code": "not_found"}
 
 
 def test_the_page_can_be_turned_off(data: Path) -> None:
