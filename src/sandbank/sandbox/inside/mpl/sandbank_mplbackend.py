@@ -27,7 +27,7 @@ def _noting_savefig(self: Figure, fname: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 if Figure.savefig is _savefig:  # once, even if this module is loaded again
-    Figure.savefig = _noting_savefig  # type: ignore[method-assign]
+    Figure.savefig = _noting_savefig
 
 
 def fresh_name(stem: str = "figure", suffix: str = ".png") -> str:
