@@ -41,12 +41,14 @@ ROOT = (
     "tests/web/test_reference",
     "tests/web/test_ui",
     "tests/web/test_tags",
+    "tests/web/test_first_hour",
     "tests/test_cli",
     "tests/test_doctor",
     "tests/test_fuzz",
 )
 CHROMIUM = (
     "tests/web/test_ui",
+    "tests/web/test_first_hour",
     "tests/web/test_tags",
     "tests/web/test_page_states",
     "tests/web/test_reference",
@@ -65,6 +67,8 @@ def tiers_of(item: pytest.Item) -> set[str]:
         found.add("postgres")
     if "s3" in params or path.endswith("test_s3.py") or "remote_stack" in path:
         found.add("s3")
+    if "test_deploy_fleet" in path:
+        found |= {"postgres", "s3"}
     return found
 
 

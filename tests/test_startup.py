@@ -11,7 +11,7 @@ import pytest
 
 from sandbank.config import ConfigError, Settings, load_settings, unknown_variables
 from sandbank.startup import check, check_data_dir, check_model, summary, version
-from tests.support import Server, data_dir
+from tests.support import data_dir
 
 SANDBANK = str(Path(sys.executable).with_name("sandbank"))
 
@@ -272,31 +272,6 @@ def test_the_summary_names_the_role_and_what_is_on(settings: dict[str, str], sta
         assert "database" not in line and "model" not in line
     if settings.get("role") == "front":
         assert "isolation" not in line and "pool size" not in line
-
-
-def test_serve_logs_its_role_and_a_port_in_use_is_one_line() -> None:
-    with data_dir() as first_dir, data_dir() as second_dir:
-        first = Server(first_dir, isolation="none").start()
-        try:
-            log = first.log.read_text()
-            assert f"sandbank {version()}: single server on http://127.0.0.1:{first.port}" in log
-            done = sandbank(
-                "serve",
-                "--port",
-                str(first.port),
-                "--data-dir",
-                str(second_dir),
-                env={"SANDBANK_ISOLATION": "none", "SANDBANK_LOG_FORMAT": "text"},
-            )
-        finally:
-            first.stop()
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert lines[-1] == (
-        f"sandbank: 127.0.0.1:{first.port} is already in use (another sandbank server, or "
-        "another program): stop it, or choose another port with --port or SANDBANK_PORT"
-    )
-    assert "Traceback" not in done.stderr
 
 
 def test_a_missing_runtime_stops_serve_before_it_listens() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 import uuid
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from sandbank.startup import version
 from tests import support
 from tests.interpreter.fake_llm import FakeLLM
 from tests.interpreter.harness import Server, openai_env, running
@@ -161,3 +163,28 @@ def test_a_servers_exec_sessions_are_listed_with_the_admin_token(server: Server)
     )
     assert refused.returncode == 1
     assert "needs its admin token" in refused.stderr
+
+
+def test_serve_logs_its_role_and_a_port_in_use_is_one_line() -> None:
+    with data_dir() as first_dir, data_dir() as second_dir:
+        first = support.Server(first_dir, isolation="none").start()
+        try:
+            log = first.log.read_text()
+            assert f"sandbank {version()}: single server on http://127.0.0.1:{first.port}" in log
+            env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBANK_")}
+            done = subprocess.run(
+                [SANDBANK, "serve", "--port", str(first.port), "--data-dir", str(second_dir)],
+                env={**env, "SANDBANK_ISOLATION": "none"},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        finally:
+            first.stop()
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1] == (
+        f"sandbank: 127.0.0.1:{first.port} is already in use (another sandbank server, or "
+        "another program): stop it, or choose another port with --port or SANDBANK_PORT"
+    )
+    assert "Traceback" not in done.stderr
