@@ -230,8 +230,7 @@ def sessions_list(args: argparse.Namespace) -> int:
             if args.name and name != args.name:
                 continue
             for session in await store.chats.of_user(user_id):
-                messages = await store.chats.messages(session.id)
-                first = next((m.content for m in messages if m.role == "user"), "")
+                first = session.title or ""  # its given name, else its first question
                 rows.append(
                     (
                         session.created_at,
