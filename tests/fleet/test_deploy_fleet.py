@@ -4,6 +4,7 @@ the README's first-user step; only what names the cluster is replaced (`LOOPBACK
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import time
@@ -23,7 +24,7 @@ from tests.fleet.test_deploy import copy_with_secrets, environment, one
 from tests.interpreter.fake_llm import FakeLLM, fake_llm
 from tests.interpreter.harness import Client, openai_env
 from tests.postgres import running_postgres
-from tests.support import SANDBANK, Server
+from tests.support import SANDBANK, Server, free_port
 
 # What a cluster gives and loopback cannot: each replaced, nothing else.
 LOOPBACK = (
@@ -189,3 +190,38 @@ def test_prometheus_reads_fronts_and_nodes_with_its_token_alone(fleet: Fleet) ->
         assert httpx.get(server.url + "/metrics").status_code == 401
     node = fleet.nodes[0]
     assert httpx.post(node.url + "/sessions", json={}, headers=scraper).status_code == 401
+
+
+def test_a_front_runs_as_the_manifests_non_root_user(fleet: Fleet) -> None:
+    """The front Deployment runs as uid 10001 on a read-only root: it holds no sandbox, so
+    start-up asks nothing of root (before, it stopped: "must start as root")."""
+    with scratch_dir() as root:
+        docs = render(copy_with_secrets(root) / "overlays" / "production")
+        uid = one(docs, "Deployment")["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
+        data = root / "front-data"
+        data.mkdir()
+        shutil.chown(data, uid, uid)
+        front = fleet.fronts[0]
+        port = free_port()
+        env = {**front.env, "SANDBANK_DATA_DIR": str(data), "SANDBANK_PORT": str(port)}
+        log = root / "front.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", SANDBANK,
+                 "serve"],
+                env=env, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and proc.poll() is None:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        break
+                time.sleep(0.2)
+            assert proc.poll() is None, log.read_text()[-2000:]
+            assert httpx.get(f"http://127.0.0.1:{port}/health").json()["nodes_up"] == len(
+                fleet.nodes
+            )
+        finally:
+            proc.terminate()
+            proc.wait(30)
