@@ -43,13 +43,14 @@ def test_a_healthy_machine_passes_and_a_sandbox_really_imports(
     out = io.StringIO()
     with data_dir() as data:
         code = doctor.run_checks(settings(data, port=free_port()), model=False, out=out)
+        assert os.listdir(data) == []  # it tried everything and made nothing
     report = lines_of(out.getvalue())
     assert code == 0, out.getvalue()
     for name in ("root", "isolation tools", "cgroups", "loop devices", "data dir", "storage"):
         assert report[name].startswith("ok "), report[name]
     assert report["runtime image"].startswith("ok ")
     assert "a sandbox imports all 2 modules of the image" in report["runtime image"]
-    assert "empty; `sandbank serve` creates the schema" in report["database"]
+    assert "no database yet; `sandbank serve` creates it" in report["database"]
     assert report["model"].startswith("warn ")
     assert out.getvalue().rstrip().endswith("all checks passed")
 
@@ -96,6 +97,44 @@ def test_failures_are_each_named_with_a_fix_and_exit_1() -> None:
     assert report["listening"].startswith("FAIL ")
     assert "SANDBANK_EXEC_TOKENS_FILE cannot be read" in report["listening"]
     assert "check(s) failed: " in out.getvalue()
+
+
+def test_a_failing_doctor_creates_nothing_not_even_the_data_dir() -> None:
+    with data_dir() as top:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBANK_")}
+        env["SANDBANK_RUNTIME_DIR"] = "/nonexistent-runtime"  # one check fails
+        done = subprocess.run(
+            [SANDBANK, "doctor", "--data-dir", str(top / "new" / "data")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert os.listdir(top) == []
+    report = lines_of(done.stdout)
+    assert report["data dir"].startswith("ok "), report["data dir"]
+    assert "does not exist yet; `sandbank serve` creates it" in report["data dir"]
+    assert "no database yet" in report["database"]
+    assert report["storage"].startswith("ok ") and "not there yet" in report["storage"]
+
+
+def test_a_served_data_dir_is_tried_and_left_as_it_was() -> None:
+    with data_dir() as data:
+        s = settings(data)
+
+        async def serve_once() -> None:
+            from sandbank.files import open_object_store
+
+            await (open_store(s)).close()
+            await open_object_store(s).close()
+
+        asyncio.run(serve_once())
+        before = sorted(str(p.relative_to(data)) for p in data.rglob("*"))
+        assert "objects" in before and "signing.key" in before
+        assert "write, read and delete work" in asyncio.run(doctor.check_storage(s))
+        assert "migrations current" in doctor.check_database(s)
+        assert sorted(str(p.relative_to(data)) for p in data.rglob("*")) == before
 
 
 def test_an_exposed_unauthenticated_api_fails() -> None:

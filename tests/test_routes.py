@@ -44,7 +44,9 @@ def documented() -> set[tuple[str, str]]:
     found = set()
     for doc in (exec_openapi.document(), interpreter_openapi.document()):
         for path, item in doc["paths"].items():
-            found |= {(path, m.upper()) for m in item if m in ("get", "post", "put", "delete")}
+            found |= {
+                (path, m.upper()) for m in item if m in ("get", "post", "put", "patch", "delete")
+            }
     return found
 
 
@@ -71,3 +73,20 @@ def test_the_walk_finds_a_route_that_is_not_documented() -> None:
         Mount("/api", routes=[Route("/sessions/{session_id}/secret", lambda r: None)])
     ]
     assert set(served(extra)) - documented() == {("/api/sessions/{session_id}/secret", "GET")}
+
+
+PUBLIC = {"/api/uploads", "/api/downloads", "/api/openapi.json", "/docs"}
+
+
+def test_every_interpreter_operation_that_needs_a_key_declares_the_bearer_scheme() -> None:
+    """Generated clients send the key only where the document says an operation needs it."""
+    doc = interpreter_openapi.document()
+    scheme = doc["components"]["securitySchemes"]["bearerAuth"]
+    assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            if method not in ("get", "post", "put", "patch", "delete"):
+                continue
+            security = operation.get("security", doc["security"])
+            expected: list[dict[str, list[str]]] = [] if path in PUBLIC else [{"bearerAuth": []}]
+            assert security == expected, (path, method)

@@ -11,7 +11,7 @@ import pytest
 
 from sandbank.config import Settings, load_settings, unknown_variables
 from sandbank.errors import ConfigError
-from sandbank.startup import check, check_data_dir, check_model, summary
+from sandbank.startup import check, check_data_dir, check_model, summary, version
 from tests.support import data_dir
 
 SANDBANK = str(Path(sys.executable).with_name("sandbank"))
@@ -96,17 +96,31 @@ def test_a_secret_setting_is_never_echoed() -> None:
 
 
 def test_unknown_variables_are_named_with_the_closest_setting() -> None:
-    warnings = unknown_variables(
+    unknown = unknown_variables(
         {"SANDBANK_MEMORYLIMIT_MB": "3", "SANDBANK_PORT": "1", "SANDBANK_ZZZ": "", "HOME": "/"}
     )
-    assert warnings == [
-        "SANDBANK_MEMORYLIMIT_MB is not a Sandbank setting and is ignored; did you mean "
-        "SANDBANK_MEMORY_LIMIT_MB?",
-        "SANDBANK_ZZZ is not a Sandbank setting and is ignored",
+    assert unknown == [
+        "SANDBANK_MEMORYLIMIT_MB is not a Sandbank setting: did you mean SANDBANK_MEMORY_LIMIT_MB?",
+        "SANDBANK_ZZZ is not a Sandbank setting",
     ]
 
 
-def test_serve_warns_about_a_typo_by_name() -> None:
+@pytest.mark.parametrize("command", [["serve"], ["users", "list"], ["doctor"]])
+def test_a_misspelt_token_variable_stops_the_command(command: list[str]) -> None:
+    """The issue's case: the API must never start open because a token variable is misspelt."""
+    with data_dir() as data:
+        done = sandbank(*command, "--data-dir", str(data), env={"SANDBANK_EXEC_TOKEN": "s3cret"})
+        assert os.listdir(data) == []  # stopped before anything was made
+    assert done.returncode == 2
+    assert done.stderr == (
+        "sandbank: SANDBANK_EXEC_TOKEN is not a Sandbank setting: did you mean "
+        "SANDBANK_EXEC_TOKENS? (unset it, or rename it to the setting meant; README: "
+        "Configuration)\n"
+    )
+    assert "s3cret" not in done.stderr
+
+
+def test_a_typo_is_named_before_a_bad_value() -> None:
     with data_dir() as data:
         done = sandbank(
             "serve",
@@ -115,10 +129,9 @@ def test_serve_warns_about_a_typo_by_name() -> None:
             env={"SANDBANK_POOLSIZE": "1", "SANDBANK_LOG_LEVEL": "loud"},
         )
     assert done.returncode == 2
-    assert "SANDBANK_POOLSIZE is not a Sandbank setting and is ignored; did you mean " in (
-        done.stderr
+    assert done.stderr.startswith(
+        "sandbank: SANDBANK_POOLSIZE is not a Sandbank setting: did you mean SANDBANK_POOL_SIZE?"
     )
-    assert "SANDBANK_POOL_SIZE" in done.stderr
 
 
 def test_an_implicit_data_dir_is_warned_about(tmp_path: Path) -> None:
@@ -209,10 +222,12 @@ def test_the_summary_names_the_parts_and_no_secret() -> None:
         exec_tokens="exec-token-canary",
         pool_size=3,
     )
-    line = summary(settings)
+    line = summary(settings, tokens=1)
     assert "hunter2" not in line and "canary" not in line and "sb:" not in line
     for part in (
-        "on http://127.0.0.1:8080",
+        "replica (interpreter API on a shared PostgreSQL) on http://127.0.0.1:8080",
+        "serving the code-execution API at / (1 token(s)), the interpreter API at /api "
+        "(API keys), the web page at /, metrics at /metrics",
         "isolation fork",
         "data dir /srv/sb",
         "database postgresql (db.example:5433/sandbank)",
@@ -222,6 +237,42 @@ def test_the_summary_names_the_parts_and_no_secret() -> None:
         f"max sessions {settings.max_sessions}",
     ):
         assert part in line
+
+
+@pytest.mark.parametrize(
+    ("settings", "start"),
+    [
+        (
+            {},
+            "single server on http://127.0.0.1:8080; serving the code-execution API at / "
+            "(no tokens: loopback only), the interpreter API at /api (API keys), the web page at /",
+        ),
+        (
+            {"role": "front", "fleet_token": "t", "fleet_dns": "nodes.svc:8080", "host": "0.0.0.0"},
+            "fleet front (nodes: nodes.svc:8080) on http://0.0.0.0:8080; serving the "
+            "code-execution API at / (2 token(s))",
+        ),
+        (
+            {"role": "node", "fleet_token": "t", "fleet_node_name": "n-0"},
+            "fleet node n-0 on http://127.0.0.1:8080; serving the code-execution API for the "
+            "fleet's fronts (fleet token); isolation fork",
+        ),
+        (
+            {"exec_api": "separate", "web_ui": "off", "admin_token": "a"},
+            "single server on http://127.0.0.1:8080; serving the code-execution API on "
+            "http://127.0.0.1:8081 (no tokens: loopback only), the interpreter API at /api (API "
+            "keys), metrics at /metrics, /admin/sessions;",
+        ),
+    ],
+)
+def test_the_summary_names_the_role_and_what_is_on(settings: dict[str, str], start: str) -> None:
+    tokens = 2 if settings.get("role") == "front" else 0
+    line = summary(Settings(**settings), tokens)  # type: ignore[arg-type]
+    assert line.startswith(f"sandbank {version()}: {start}"), line
+    if settings.get("role") == "node":
+        assert "database" not in line and "model" not in line
+    if settings.get("role") == "front":
+        assert "isolation" not in line and "pool size" not in line
 
 
 def test_a_missing_runtime_stops_serve_before_it_listens() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,9 +22,10 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from .agent.anyllm import model_from_settings
 from .agent.model import Model
+from .agent.reach import OFF, ModelReach
 from .config import Settings
 from .e2b.door import E2bDoor, E2bRouting
-from .errors import ConfigError, ModelEndpointRefused, ModelNotConfigured, SandbankError
+from .errors import ModelEndpointRefused, ModelNotConfigured, SandbankError
 from .execapi import openapi
 from .execapi.admin import sessions_endpoint
 from .execapi.routes import ExecApi
@@ -37,6 +37,7 @@ from .http.access import AccessMiddleware
 from .http.auth import TokenAuth, load_tokens
 from .http.errors import EXCEPTION_HANDLERS
 from .http.hosts import HostAllowList
+from .http.scrape import endpoint
 from .interpreter.files import SessionFiles
 from .interpreter.identity import Identity
 from .interpreter.routes import InterpreterApi
@@ -44,40 +45,16 @@ from .interpreter.runs import Runs
 from .interpreter.service import InterpreterService
 from .mcp.door import McpDoor
 from .mcp.http import McpHttp
-from .metrics import MeteredModel, Metrics, SandboxHooks, endpoint
+from .metrics import MeteredModel, Metrics, SandboxHooks
 from .sandbox.local import LocalSandboxes
 from .sandbox.port import Sandboxes
-from .startup import without_credentials
+from .startup import check_exposure, without_credentials
 from .store import Store, database_url, open_store
 from .store.lockfile import ServeLock
 from .web import site
 
 log = logging.getLogger("sandbank")
 RESTARTED = "interrupted by a server restart"
-UNAVAILABLE = "the assistant is not available; ask the administrator"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def check_exposure(settings: Settings, tokens: list[str]) -> None:
-    """An unauthenticated code-execution API is remote code execution for anyone who reaches it."""
-    if settings.exec_api == "off" or tokens:
-        return
-    host = settings.exec_api_host if settings.exec_api == "separate" else settings.host
-    if not is_loopback(host):
-        raise ConfigError(
-            f"refusing to serve the code-execution API on {host} without tokens: "
-            "anyone who reaches it could run code. Set SANDBANK_EXEC_TOKENS (or "
-            "SANDBANK_EXEC_TOKENS_FILE), listen on 127.0.0.1, serve it on a loopback listener "
-            "of its own (SANDBANK_EXEC_API=separate), or set SANDBANK_EXEC_API=off"
-        )
 
 
 def build_model(settings: Settings) -> Model | SandbankError:
@@ -87,7 +64,7 @@ def build_model(settings: Settings) -> Model | SandbankError:
     except (ModelNotConfigured, ModelEndpointRefused) as e:
         # The details are the operator's (variables, providers); users see a plain sentence.
         log.warning("the agent is off: %s", e.message)
-        return type(e)(UNAVAILABLE)
+        return type(e)(OFF)
 
 
 class Interpreter:
@@ -115,7 +92,11 @@ class Interpreter:
             built if isinstance(built, SandbankError) else MeteredModel(built, metrics, endpoint)
         )
         files = SessionFiles(self.store, self.objects, s, on_file=metrics.file_moved)
-        self.runs = Runs(self.store, files, sandboxes, self.model, s, on_ended=metrics.run_ended)
+        self.reach = ModelReach(s, configured=not isinstance(self.model, SandbankError))
+        self.runs = Runs(
+            self.store, files, sandboxes, self.model, s, on_ended=metrics.run_ended,
+            reach=self.reach,
+        )  # fmt: skip
         self.service = InterpreterService(self.store, files, self.runs, s)
         self.identity = Identity(self.store, s)
         self.api = InterpreterApi(self.service, self.identity, s.message_max_chars)
@@ -138,7 +119,17 @@ class Interpreter:
         self._tasks = [
             asyncio.create_task(self.service.expire_forever(), name="expiry"),
             asyncio.create_task(self.runs.serve_forever(), name="runs"),
+            asyncio.create_task(self._check_model(), name="model check"),
         ]
+
+    async def _check_model(self) -> None:
+        verdict = await self.reach.check()
+        if verdict.state == "unreachable":
+            log.warning(
+                "the model's endpoint %s:%s does not answer: questions are refused until it "
+                "does (check SANDBANK_LLM_BASE_URL and that the model's server runs)",
+                *(self.reach.target or ("?", "?")),
+            )
 
     def _lock_sqlite(self) -> bool:
         """SQLite is for one serving process: True when this one is alone on its database."""
@@ -202,8 +193,8 @@ class Services:
         self.node: NodeControl | None = None
         self.exec_api: ExecApi | FrontApi
         tokens = [] if s.role == "node" else load_tokens(s)
-        if s.role != "node":
-            check_exposure(s, tokens)
+        for warning in check_exposure(s, tokens):
+            log.warning("%s", warning)
         self.auth = TokenAuth(tokens)
         if s.role == "front":
             self.fleet = Fleet(s)
@@ -294,7 +285,7 @@ def _cors(settings: Settings) -> list[Middleware]:
         Middleware(
             CORSMiddleware,
             allow_origins=origins,
-            allow_methods=["GET", "POST", "DELETE"],
+            allow_methods=["GET", "POST", "PATCH", "DELETE"],
             allow_headers=["Authorization", "Content-Type"],
             max_age=600,
         )
@@ -325,8 +316,14 @@ def create_app(
     else:
         routes.append(Route("/health", services.exec_api.health, methods=["GET"]))
     if settings.web_ui == "on" and services.interpreter is not None:
-        routes += site(settings)
-    routes.append(Route("/metrics", endpoint(services.metrics, services.auth), methods=["GET"]))
+        routes += site(settings, services.interpreter.reach)
+    routes.append(
+        Route(
+            "/metrics",
+            endpoint(services.metrics, services.auth, settings.metrics_token.get_secret_value()),
+            methods=["GET"],
+        )
+    )
     if services.local is not None:
         admin = sessions_endpoint(services.local, settings)
         routes.append(Route("/admin/sessions", admin, methods=["GET"]))
@@ -337,7 +334,14 @@ def create_app(
     if services.node is not None:
         routes += services.node.routes()
         token = settings.fleet_token.get_secret_value()
-        middleware.append(Middleware(FleetGate, token=token, control=services.node))
+        middleware.append(
+            Middleware(
+                FleetGate,
+                token=token,
+                control=services.node,
+                metrics_open=bool(settings.metrics_token.get_secret_value()),
+            )
+        )
     if services.e2b is not None and settings.exec_api == "on":
         middleware.append(Middleware(E2bRouting, door=services.e2b))
 
@@ -369,7 +373,11 @@ def create_exec_app(services: Services, settings: Settings) -> Starlette:
     routes: list[BaseRoute] = [
         *services.exec_api.routes(),
         Route("/openapi.json", _openapi, methods=["GET"]),
-        Route("/metrics", endpoint(services.metrics, services.auth), methods=["GET"]),
+        Route(
+            "/metrics",
+            endpoint(services.metrics, services.auth, settings.metrics_token.get_secret_value()),
+            methods=["GET"],
+        ),
     ]
     if services.mcp is not None:
         routes.append(services.mcp.route())

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
-from .config import Settings, load_settings, unknown_variables
+from .config import Settings, check_variables, load_settings
 from .errors import ConfigError, SandbankError
 
 if TYPE_CHECKING:
@@ -36,25 +36,19 @@ def _settings(
     uses_data_dir: bool = True,
     warn: Callable[[str], None] = _warn,
 ) -> Settings:
-    """The settings, command-line values first; warns about unknown `SANDBANK_*` variables."""
+    """The settings, command-line values first; an unknown `SANDBANK_*` variable stops every
+    command (a misspelt one must never be silently ignored)."""
     overrides: dict[str, Any] = {}
     for key in ("host", "port", "data_dir"):
         value = getattr(args, key, None)
         if value is not None:
             overrides[key] = value
-    warnings = unknown_variables()
-    try:
-        settings = load_settings(**overrides)
-    except ConfigError:
-        for warning in warnings:  # a typo may be the cause: say so before the error
-            _warn(warning)
-        raise
+    check_variables()
+    settings = load_settings(**overrides)
     if uses_data_dir and "data_dir" not in settings.model_fields_set:
-        warnings.append(
+        warn(
             f"no --data-dir or SANDBANK_DATA_DIR given: using {os.path.abspath(settings.data_dir)}"
         )
-    for warning in warnings:
-        warn(warning)
     return settings
 
 
@@ -68,8 +62,10 @@ def serve(args: argparse.Namespace) -> int:
     for warning in warnings:
         log.warning("%s", warning)
     startup.check(settings)
-    log.info("%s", startup.summary(settings))
-    return run(settings)
+    from .http.auth import load_tokens
+
+    tokens = 0 if settings.role == "node" else len(load_tokens(settings))
+    return run(settings, announce=startup.summary(settings, tokens))
 
 
 def mcp(args: argparse.Namespace) -> int:
@@ -256,8 +252,7 @@ def sessions_list(args: argparse.Namespace) -> int:
             if args.name and name != args.name:
                 continue
             for session in await store.chats.of_user(user_id):
-                messages = await store.chats.messages(session.id)
-                first = next((m.content for m in messages if m.role == "user"), "")
+                first = session.title or ""  # its given name, else its first question
                 rows.append(
                     (
                         session.created_at,

@@ -255,6 +255,19 @@ class Settings(BaseSettings):
     exec_tokens_file: Path | None = Field(
         None, description="A file of bearer tokens, one per line (added to `exec_tokens`)."
     )
+    allow_unauthenticated: bool = Field(
+        False,
+        description="Serve without credentials on an address beyond loopback: the code-execution "
+        "API without `exec_tokens`, or the interpreter API trusting `trusted_user_header` from "
+        "any address. Only for a server that nothing but trusted clients can reach (a network "
+        "policy, an authenticating gateway in front); otherwise such a server refuses to start.",
+    )
+    metrics_token: SecretStr = Field(
+        SecretStr(""),
+        description="Bearer token `GET /metrics` accepts (a Prometheus scraper's, which then "
+        "needs no token that runs code); on a fleet node, it opens /metrics to it without the "
+        "fleet token. Empty: /metrics takes the code-execution tokens, as the API does.",
+    )
     admin_token: SecretStr = Field(
         SecretStr(""),
         description="Bearer token for the operator's endpoint `GET /admin/sessions` (the "
@@ -641,7 +654,8 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
-    """A warning for each `SANDBANK_*` variable that is no setting, with the closest known one."""
+    """What is wrong with each `SANDBANK_*` variable that is no setting, with the closest known
+    one. Every command stops on them: a misspelt token variable must never leave an API open."""
     env = os.environ if environ is None else environ
     known = [variable(name) for name in Settings.model_fields]
     warnings = []
@@ -655,6 +669,16 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
         close = difflib.get_close_matches(
             upper.removeprefix(PREFIX).lower(), list(Settings.model_fields), n=1, cutoff=0.6
         )
-        hint = f"; did you mean {variable(close[0])}?" if close else ""
-        warnings.append(f"{name} is not a Sandbank setting and is ignored{hint}")
+        hint = f": did you mean {variable(close[0])}?" if close else ""
+        warnings.append(f"{name} is not a Sandbank setting{hint}")
     return warnings
+
+
+def check_variables(environ: Mapping[str, str] | None = None) -> None:
+    """`ConfigError` naming every unknown `SANDBANK_*` variable (and the closest setting)."""
+    unknown = unknown_variables(environ)
+    if unknown:
+        raise ConfigError(
+            "; ".join(unknown) + " (unset it, or rename it to the setting meant; "
+            "README: Configuration)"
+        )

@@ -1,4 +1,8 @@
-"""`sandbank doctor`: checks of this machine and these settings, each with ok/FAIL and the fix."""
+"""`sandbank doctor`: checks of this machine and these settings, each with ok/FAIL and the fix.
+
+It creates nothing: no data directory, database, objects directory or signing key that was
+not there (what it writes to try them, in a scratch directory or as a test object, it removes).
+"""
 
 from __future__ import annotations
 
@@ -192,11 +196,28 @@ def check_data_dir(settings: Settings) -> str:
     from .errors import ConfigError
     from .startup import check_data_dir as check
 
+    path = Path(os.path.abspath(settings.data_dir))
     try:
-        check(settings)
+        check(settings, create=False)  # what would stop it, without making it
     except ConfigError as error:
         raise Failed(error.message) from None
-    return f"{os.path.abspath(settings.data_dir)} is writable and reachable by sandboxes"
+    reach = "reachable by sandboxes" if settings.isolation != "none" else "usable"
+    if path.is_dir():
+        try:
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        except OSError as error:
+            raise Failed(
+                f"{path} is not writable ({error.strerror})", "fix its owner or permissions"
+            ) from None
+        return f"{path} is writable and {reach}"
+    parent = next(p for p in path.parents if p.exists())
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise Failed(
+            f"{path} does not exist and {parent} is not writable, so it cannot be created",
+            f"create it (`mkdir -p {path}`) or choose another SANDBANK_DATA_DIR",
+        )
+    return f"{path} does not exist yet; `sandbank serve` creates it ({parent} is writable)"
 
 
 def check_database(settings: Settings) -> str:
@@ -212,6 +233,8 @@ def check_database(settings: Settings) -> str:
     kind = database_kind(settings)
     if url == "memory://":
         raise Warned("in memory: nothing survives a restart")
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        return f"{kind}: no database yet; `sandbank serve` creates it"
     head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
     try:
         engines = create_engines(url)
@@ -243,14 +266,26 @@ def check_database(settings: Settings) -> str:
 
 
 async def check_storage(settings: Settings) -> str:
-    from .files import open_object_store
+    from .files import ObjectStore, open_object_store
     from .startup import storage_kind
 
     kind = storage_kind(settings)
     key = f"doctor/{os.getpid()}-{time.time_ns()}"
     payload = b"sandbank doctor\n"
+    local = not settings.storage_url.strip()
+    root = settings.data_dir / "objects"
+    if local and not root.is_dir():
+        return f"{kind}: not there yet; `sandbank serve` creates it"
     try:
-        objects = open_object_store(settings)
+        objects: ObjectStore
+        if local:
+            from .files.local import LocalObjectStore
+            from .files.signing import UrlSigner
+
+            # Signed by a throwaway key: the data dir's own is never made here.
+            objects = LocalObjectStore(root, UrlSigner(os.urandom(32), "http://doctor"))
+        else:
+            objects = open_object_store(settings)
     except SandbankError as error:
         raise Failed(f"{kind}: {error.message}", "fix SANDBANK_STORAGE_URL") from None
     except OSError as error:
@@ -271,6 +306,9 @@ async def check_storage(settings: Settings) -> str:
         ) from None
     finally:
         await objects.close()
+        if local:
+            with contextlib.suppress(OSError):
+                (root / "doctor").rmdir()  # the test object's folder, when no other is in it
     if back != payload:
         raise Failed(f"{kind}: read back other bytes than were written")
     return f"{kind}: write, read and delete work"
@@ -313,8 +351,8 @@ def model_check(ask: bool) -> Check:
 
 
 def check_listening(settings: Settings) -> str:
-    from .app import check_exposure
     from .http.auth import load_tokens
+    from .startup import check_exposure
 
     try:
         tokens = load_tokens(settings)
@@ -324,7 +362,7 @@ def check_listening(settings: Settings) -> str:
             "point it at a readable file of tokens, one per line",
         ) from None
     try:
-        check_exposure(settings, tokens)
+        open_doors = check_exposure(settings, [] if settings.role == "node" else tokens)
     except SandbankError as error:
         raise Failed(error.message) from None
     listeners = [(settings.host, settings.port)]
@@ -334,6 +372,8 @@ def check_listening(settings: Settings) -> str:
     auth = f"{len(tokens)} exec token(s)" if tokens else "no exec tokens (loopback only)"
     if busy:
         raise Warned(f"{', '.join(busy)} in use (a server running already?); {auth}")
+    if open_doors:
+        raise Warned("; ".join(open_doors))
     return f"{', '.join(f'{h}:{p}' for h, p in listeners)} free; {auth}"
 
 

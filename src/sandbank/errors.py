@@ -32,7 +32,8 @@
         ├── ModelEndpointRefused       503  model_endpoint_refused    1102
         ├── ModelUnavailable           502  model_unavailable         1103
         ├── RunLimitReached            500  run_limit_reached         1104
-        └── RunCancelled               500  run_cancelled             1105
+        ├── RunCancelled               500  run_cancelled             1105
+        └── ModelUnreachable           503  model_unreachable         1106
 
 The number is the interpreter API's `error_code`; codes and numbers are unique (a test says
 so). A user program's failure is never one of these: it is a result with a return code.
@@ -316,6 +317,15 @@ class RunCancelled(AgentError):
 
     def __init__(self, message: str = "cancelled") -> None:
         super().__init__(message)
+
+
+class ModelUnreachable(AgentError):
+    """The model's endpoint does not answer (refused, unresolvable, cut off): said at once,
+    in words, with what the operator must look at."""
+
+    status = 503
+    code = "model_unreachable"
+    number = 1106
 
 
 def error_classes() -> list[type[SandbankError]]:

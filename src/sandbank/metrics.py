@@ -12,10 +12,9 @@ import logging
 import re
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -24,8 +23,6 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from starlette.requests import Request
-from starlette.responses import Response
 
 from .agent.model import ChatMessage, Model, ModelReply, TextSink, ToolSpec
 from .errors import AgentError
@@ -41,7 +38,6 @@ from .protocol.calls import (
 
 if TYPE_CHECKING:
     from .fleet.membership import Membership
-    from .http.auth import TokenAuth
     from .sandbox.local import LocalSandboxes
 
 log = logging.getLogger("sandbank.model")
@@ -337,13 +333,3 @@ class MeteredModel:
         close = getattr(self.model, "aclose", None)
         if close is not None:
             await close()
-
-
-def endpoint(metrics: Metrics, auth: TokenAuth) -> Any:
-    """GET /metrics, behind the code-execution API's tokens when there are any."""
-
-    async def serve(request: Request) -> Response:
-        auth.tenant(request.headers.get("authorization"))  # Unauthorized (401) without one
-        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
-
-    return serve

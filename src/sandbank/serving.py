@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
+import socket
 from types import FrameType
 from typing import Literal
 
@@ -11,6 +13,9 @@ import uvicorn
 
 from .app import Services, create_app, create_exec_app
 from .config import Settings
+from .startup import listen_socket
+
+log = logging.getLogger("sandbank")
 
 
 class MainServer(uvicorn.Server):
@@ -70,8 +75,16 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def run(settings: Settings) -> int:
-    """Serve until a signal; the code-execution API on its own listener when so configured."""
+def run(settings: Settings, announce: str = "") -> int:
+    """Serve until a signal; the code-execution API on its own listener when so configured.
+    `announce` is logged once the listeners are bound (the start-up summary)."""
+    # Bound before anything starts: a port in use is one line (ConfigError), not a traceback
+    # after the sandboxes started.
+    sockets = [listen_socket(settings.host, settings.port)]
+    if settings.exec_api == "separate":
+        sockets.append(listen_socket(settings.exec_api_host, settings.exec_api_port))
+    if announce:
+        log.info("%s", announce)
     app = create_app(settings)
     services: Services = app.state.services
     peers: list[uvicorn.Server] = []
@@ -86,18 +99,27 @@ def run(settings: Settings) -> int:
     # asyncio's own loop, not uvloop: uvloop's pipe transports close their descriptor twice
     # (MagicStack/uvloop#763), which under load closed other sandboxes' pipes and the fork
     # template's socket, and its subprocesses inherit every inheritable descriptor.
-    asyncio.run(_serve(main, peers))
+    try:
+        asyncio.run(_serve(main, peers, sockets))
+    except SystemExit:  # uvicorn's own exit at a failed start, after logging why
+        return 1
     return 0 if main.started else 1
 
 
-async def _serve(main: MainServer, peers: list[uvicorn.Server]) -> None:
-    task = asyncio.create_task(main.serve())
+async def _serve(
+    main: MainServer, peers: list[uvicorn.Server], sockets: list[socket.socket]
+) -> None:
+    task = asyncio.create_task(main.serve(sockets=sockets[:1]))
     # Peers share the main app's services: they listen once its lifespan has started them.
     while not main.started and not task.done():  # noqa: ASYNC110 - uvicorn has no event
         await asyncio.sleep(0.05)
     if main.started:
         settle_heap()
-    peer_tasks = [asyncio.create_task(p._serve()) for p in peers if main.started]
+    peer_tasks = [
+        asyncio.create_task(p._serve(sockets=[sock]))
+        for p, sock in zip(peers, sockets[1:], strict=True)
+        if main.started
+    ]
     try:
         await task
     finally:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import os
+import socket
 import stat
 import tempfile
 from importlib import metadata
@@ -37,7 +40,7 @@ def check_data_dir(settings: Settings, create: bool = True) -> None:
                 f"{name} cannot be created: {part} is a regular file; choose another path "
                 f"(e.g. {SUGGESTED_DATA_DIR})"
             )
-    if settings.isolation != "none":
+    if settings.isolation != "none" and settings.role != "front":
         # Sandbox users (uids of their own) must traverse every directory above their workspace;
         # the data directory itself is opened up by the server.
         for part in reversed(path.parents):
@@ -134,13 +137,97 @@ def check_database(settings: Settings) -> None:
         engine.dispose()
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(settings: Settings, tokens: list[str]) -> list[str]:
+    """`ConfigError` for a server that would answer anyone beyond loopback without credentials
+    (an unauthenticated code-execution API is remote code execution for whoever reaches it),
+    unless SANDBANK_ALLOW_UNAUTHENTICATED says it is meant; then the warnings to log."""
+    from .http.proxies import parse_networks
+
+    open_doors: list[str] = []
+    if settings.role != "node" and settings.exec_api != "off" and not tokens:
+        host = settings.exec_api_host if settings.exec_api == "separate" else settings.host
+        if not is_loopback(host):
+            open_doors.append(f"the code-execution API on {host} without SANDBANK_EXEC_TOKENS")
+    if (
+        settings.role != "node"
+        and settings.interpreter_api == "on"
+        and settings.trusted_user_header.strip()
+        and not is_loopback(settings.host)
+        and any(n.prefixlen == 0 for n in parse_networks(settings.trusted_proxies))
+    ):
+        open_doors.append(
+            f"the interpreter API on {settings.host} believing "
+            f"{settings.trusted_user_header.strip()} from any address "
+            f"(SANDBANK_TRUSTED_PROXIES={settings.trusted_proxies})"
+        )
+    if not open_doors:
+        return []
+    if settings.allow_unauthenticated:
+        return [
+            f"serving {door}: anyone who reaches it is let in (SANDBANK_ALLOW_UNAUTHENTICATED=1)"
+            for door in open_doors
+        ]
+    raise ConfigError(
+        f"refusing to serve {' and '.join(open_doors)}: anyone who reaches it could run code "
+        "or act as any user. Set SANDBANK_EXEC_TOKENS (or SANDBANK_EXEC_TOKENS_FILE) and name "
+        "your proxies' addresses in SANDBANK_TRUSTED_PROXIES, listen on 127.0.0.1, or, if only "
+        "trusted clients can reach this address, set SANDBANK_ALLOW_UNAUTHENTICATED=1"
+    )
+
+
 def check(settings: Settings) -> None:
     """Everything checked before `serve` builds anything."""
     check_model(settings)
     check_data_dir(settings)
     check_tokens(settings)
-    check_isolation(settings)
+    from .http.auth import load_tokens
+
+    check_exposure(settings, [] if settings.role == "node" else load_tokens(settings))
+    if settings.role != "front":  # a front holds no sandbox: it runs as any user
+        check_isolation(settings)
     check_database(settings)
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port` for uvicorn; `ConfigError` in one line when it cannot be."""
+    address = host.strip("[]")
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((address, port))
+    except OSError as error:
+        sock.close()
+        where = f"{host}:{port}"
+        if error.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"{where} is already in use (another sandbank server, or another program): "
+                "stop it, or choose another port with --port or SANDBANK_PORT"
+            ) from None
+        if error.errno == errno.EADDRNOTAVAIL:
+            raise ConfigError(
+                f"cannot listen on {where}: {host} is not an address of this machine; "
+                "use 127.0.0.1, 0.0.0.0 or one of its addresses (--host or SANDBANK_HOST)"
+            ) from None
+        if error.errno == errno.EACCES:
+            raise ConfigError(
+                f"cannot listen on {where}: ports below 1024 need privileges; choose another "
+                "port with --port or SANDBANK_PORT"
+            ) from None
+        raise ConfigError(f"cannot listen on {where}: {error.strerror}") from None
+    except socket.gaierror as error:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    return sock
 
 
 def database_kind(settings: Settings) -> str:
@@ -180,18 +267,65 @@ def without_credentials(url: str) -> str:
     return parts._replace(netloc=host).geturl()
 
 
-def summary(settings: Settings) -> str:
+def role_name(settings: Settings) -> str:
+    """What this process is, in the README's words."""
+    if settings.role == "node":
+        from .fleet.node import node_name
+
+        return f"fleet node {node_name(settings)}"
+    if settings.role == "front":
+        nodes = settings.fleet_dns or settings.fleet_nodes
+        return f"fleet front (nodes: {without_credentials(nodes)})"
+    if settings.interpreter_api == "on" and database_kind(settings).startswith("postgresql"):
+        return "replica (interpreter API on a shared PostgreSQL)"
+    return "single server"
+
+
+def serving(settings: Settings, tokens: int) -> list[str]:
+    """What is on, and behind which credential (never the credential itself)."""
+    s = settings
+    if s.role == "node":
+        return ["the code-execution API for the fleet's fronts (fleet token)"]
+    if tokens:
+        auth = f"{tokens} token(s)"
+    elif s.allow_unauthenticated:
+        auth = "NO AUTHENTICATION: SANDBANK_ALLOW_UNAUTHENTICATED"
+    else:
+        auth = "no tokens: loopback only"
+    on = []
+    if s.exec_api == "on":
+        on.append(f"the code-execution API at / ({auth})")
+    elif s.exec_api == "separate":
+        on.append(f"the code-execution API on http://{s.exec_api_host}:{s.exec_api_port} ({auth})")
+    if s.interpreter_api == "on":
+        who = (
+            f", or {s.trusted_user_header.strip()} from a trusted proxy"
+            if (s.trusted_user_header.strip())
+            else ""
+        )
+        on.append(f"the interpreter API at /api (API keys{who})")
+        if s.web_ui == "on":
+            on.append("the web page at /")
+    on.append("metrics at /metrics")
+    if s.admin_token.get_secret_value():
+        on.append("/admin/sessions")
+    return on
+
+
+def summary(settings: Settings, tokens: int = 0) -> str:
     """One line an operator reads at start: what runs, where, on what (no secret)."""
     s = settings
     address = f"http://{s.host}:{s.port}"
-    if s.exec_api == "separate":
-        address += f" (code-execution API on http://{s.exec_api_host}:{s.exec_api_port})"
-    model = s.llm_model or "off"
-    if s.llm_model and s.llm_base_url:
-        model += f" at {without_credentials(s.llm_base_url)}"
-    return (
-        f"sandbank {version()} on {address}; isolation {s.isolation}; data dir "
-        f"{os.path.abspath(s.data_dir)}; database {database_kind(s)}; storage "
-        f"{storage_kind(s)}; model {model}; pool size {s.pool_size}; max sessions "
-        f"{s.max_sessions}"
-    )
+    parts = [f"sandbank {version()}: {role_name(s)} on {address}"]
+    parts.append("serving " + ", ".join(serving(s, tokens)))
+    if s.role != "front":
+        parts.append(f"isolation {s.isolation}")
+    parts.append(f"data dir {os.path.abspath(s.data_dir)}")
+    if s.role != "node" and s.interpreter_api == "on":
+        model = s.llm_model or "off"
+        if s.llm_model and s.llm_base_url:
+            model += f" at {without_credentials(s.llm_base_url)}"
+        parts += [f"database {database_kind(s)}", f"storage {storage_kind(s)}", f"model {model}"]
+    if s.role != "front":
+        parts.append(f"pool size {s.pool_size}; max sessions {s.max_sessions}")
+    return "; ".join(parts)

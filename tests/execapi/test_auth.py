@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from sandbank.app import check_exposure
 from sandbank.config import Settings
 from sandbank.errors import SandbankError
+from sandbank.startup import check_exposure
 from tests.execapi.conftest import Contract
 from tests.support import Server, data_dir
 from tests.tiers import needs
@@ -116,11 +116,30 @@ def test_at_capacity_is_503_with_retry_after(server: Server, contract: Contract)
 
 
 def test_refuses_to_expose_an_unauthenticated_api_beyond_loopback() -> None:
-    with pytest.raises(SandbankError, match="without tokens"):
+    with pytest.raises(SandbankError, match="without SANDBANK_EXEC_TOKENS"):
         check_exposure(Settings(host="0.0.0.0"), [])
-    check_exposure(Settings(host="0.0.0.0"), ["t"])
-    check_exposure(Settings(host="0.0.0.0", exec_api="off"), [])
-    check_exposure(Settings(host="127.0.0.1"), [])
+    assert check_exposure(Settings(host="0.0.0.0"), ["t"]) == []
+    assert check_exposure(Settings(host="0.0.0.0", exec_api="off"), []) == []
+    assert check_exposure(Settings(host="127.0.0.1"), []) == []
+    assert check_exposure(Settings(host="::1"), []) == []
+
+
+def test_only_an_explicit_setting_serves_without_credentials_beyond_loopback() -> None:
+    (warning,) = check_exposure(Settings(host="0.0.0.0", allow_unauthenticated=True), [])
+    assert "anyone who reaches it is let in" in warning
+    assert "SANDBANK_ALLOW_UNAUTHENTICATED=1" in warning
+
+
+def test_a_user_header_believed_from_anywhere_is_no_authentication() -> None:
+    wide: dict[str, Any] = {
+        "trusted_user_header": "X-User",
+        "trusted_proxies": "10.0.0.0/8,0.0.0.0/0",
+    }
+    with pytest.raises(SandbankError, match="believing X-User from any address"):
+        check_exposure(Settings(host="0.0.0.0", exec_api="off", **wide), [])
+    narrow = {**wide, "trusted_proxies": "10.0.0.7/32"}
+    assert check_exposure(Settings(host="0.0.0.0", exec_api="off", **narrow), []) == []
+    assert check_exposure(Settings(host="127.0.0.1", exec_api="off", **wide), []) == []
 
 
 def test_serve_on_a_public_address_without_tokens_exits_saying_why(machine: None) -> None:
@@ -155,7 +174,12 @@ def test_sigterm_ends_running_calls_with_a_result_and_removes_everything(machine
         assert time.monotonic() - t0 < 15
         t.join(5)
         r = out["r"]
-        assert r.status_code == 200 and r.json()["result_block"]["content"]["return_code"] != 0
+        content = r.json()["result_block"]["content"]
+        assert r.status_code == 200 and content["return_code"] == 137
+        assert content["stderr"] == (
+            "[sandbank] the server is restarting: this session ended with it (its state is "
+            "lost); retry in a new session\n"
+        )
         assert list((d / "sandboxes").iterdir()) == []
         from sandbank.sandbox.backends.base import instance_id
         from sandbank.sandbox.host import cgroups, disk
@@ -185,6 +209,6 @@ def test_the_api_can_have_a_listener_of_its_own(machine: None) -> None:
                 assert c.get("/openapi.json").status_code == 200
         finally:
             assert srv.stop() in (0, -15)
-    with pytest.raises(SandbankError, match="without tokens"):
+    with pytest.raises(SandbankError, match="without SANDBANK_EXEC_TOKENS"):
         check_exposure(Settings(exec_api="separate", exec_api_host="0.0.0.0"), [])
     check_exposure(Settings(host="0.0.0.0", exec_api="separate"), [])  # /api public, exec local

@@ -89,8 +89,24 @@ display(Table())
 display(Dot())
 print("shown")
 """
+# A real pandas table displayed (its HTML has a <style> and style="..." attributes) and echoed.
+PANDAS_CODE = """\
+import pandas as pd
+df = pd.DataFrame({"region": ["north", "south"], "sales": [10, 32]})
+display(df)
+df
+"""
+# A chart saved by the code and left open: it must be one file, not two.
+SAVEFIG_CODE = """\
+import matplotlib.pyplot as plt
+plt.bar(["a", "b"], [1, 2])
+plt.savefig("chart.png")
+print("saved")
+"""
 # Keyword in the question → the code the model runs.
 CODE = {
+    "pandas": PANDAS_CODE,
+    "savefig": SAVEFIG_CODE,
     "chart": CHART_CODE,
     "overwrite": OVERWRITE_CODE,
     "sleep": "import time\nprint('sleeping', flush=True)\ntime.sleep(300)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 import uuid
@@ -10,9 +11,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from sandbank.startup import version
+from tests import support
 from tests.interpreter.fake_llm import FakeLLM
 from tests.interpreter.harness import Server, openai_env, running
-from tests.support import SANDBANK
+from tests.support import SANDBANK, data_dir
 from tests.tiers import needs
 
 ADMIN = "admin-token-for-tests"
@@ -25,7 +28,9 @@ def server(llm: FakeLLM) -> Iterator[Server]:
         yield s
 
 
-def sandbank(server: Server, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+def sandbank(
+    server: support.Server, *args: str, stdin: str = ""
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [SANDBANK, *args],
         env=server.env,
@@ -101,6 +106,34 @@ def test_exec_can_keep_a_session_and_come_back_to_it(server: Server) -> None:
     assert (done.returncode, done.stdout) == (0, "42\n"), done.stderr
 
 
+def test_exec_takes_the_session_as_one_argument_too(server: Server) -> None:
+    done = sandbank(server, "exec", "--url", server.url, "--keep", "-c", "y = 1")
+    session = done.stderr.strip().removeprefix("[session] ")
+    assert not session.startswith("-")
+    done = sandbank(server, "exec", "--url", server.url, f"--session={session}", "-c", "y + 1")
+    assert (done.returncode, done.stdout) == (0, "2\n"), done.stderr
+
+
+def test_exec_says_a_session_ended_with_a_server_restart(machine: None) -> None:
+    with data_dir() as data:
+        server = support.Server(data, isolation="none")
+        server.start()
+        try:
+            done = sandbank(server, "exec", "--url", server.url, "--keep", "-c", "z = 1")
+            session = done.stderr.strip().removeprefix("[session] ")
+            server.stop()
+            server.start()
+            done = sandbank(server, "exec", "--url", server.url, f"--session={session}", "-c", "z")
+        finally:
+            server.stop()
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"sandbank: running the code failed: session {session!r} ended when the server "
+        "restarted (sessions live in the server's memory and end with it): create a new session "
+        "and run your code again\n"
+    )
+
+
 def test_exec_says_when_the_server_cannot_be_reached(server: Server) -> None:
     done = sandbank(server, "exec", "--url", "http://127.0.0.1:9", "-c", "1")
     assert done.returncode == 1
@@ -117,7 +150,7 @@ def test_a_servers_exec_sessions_are_listed_with_the_admin_token(server: Server)
         assert done.returncode == 0, done.stderr
         header, *rows = done.stdout.splitlines()
         assert header.split() == ["SESSION", "TENANT", "CREATED", "STATE", "IDLE"]
-        mine = [r for r in rows if r.startswith(sid[:8] + "…")]
+        mine = [r for r in rows if r.startswith(sid[:14] + "…")]
         assert len(mine) == 1 and " idle " in mine[0]
         assert sid not in done.stdout  # a prefix only: the listing grants no access
     finally:
@@ -132,3 +165,28 @@ def test_a_servers_exec_sessions_are_listed_with_the_admin_token(server: Server)
     )
     assert refused.returncode == 1
     assert "needs its admin token" in refused.stderr
+
+
+def test_serve_logs_its_role_and_a_port_in_use_is_one_line(machine: None) -> None:
+    with data_dir() as first_dir, data_dir() as second_dir:
+        first = support.Server(first_dir, isolation="none").start()
+        try:
+            log = first.log.read_text()
+            assert f"sandbank {version()}: single server on http://127.0.0.1:{first.port}" in log
+            env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBANK_")}
+            done = subprocess.run(
+                [SANDBANK, "serve", "--port", str(first.port), "--data-dir", str(second_dir)],
+                env={**env, "SANDBANK_ISOLATION": "none"},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        finally:
+            first.stop()
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1] == (
+        f"sandbank: 127.0.0.1:{first.port} is already in use (another sandbank server, or "
+        "another program): stop it, or choose another port with --port or SANDBANK_PORT"
+    )
+    assert "Traceback" not in done.stderr

@@ -4,13 +4,22 @@ stored, then the messages, the status and the end; bounded; resumable."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from tests.interpreter.fake_llm import SLOW_ANSWER, FakeLLM
-from tests.interpreter.harness import Client, Server, follow, kinds, openai_env, running
+from tests.interpreter.harness import (
+    Client,
+    Received,
+    Server,
+    follow,
+    kinds,
+    openai_env,
+    running,
+)
 from tests.tiers import needs
 
 MAX_S = 4.0  # SANDBANK_EVENT_STREAM_MAX_SECONDS: short, so a stream on a long run times out
@@ -99,3 +108,25 @@ def test_deleting_the_session_ends_its_stream(alice: Client, server: Server) -> 
                     alice.ok("DELETE", f"/api/sessions/{sid}")
         assert lines[-3:-1] == ["event: end", 'data: {"reason": "deleted"}']
         assert time.monotonic() - started < MAX_S - 0.5
+
+
+def test_a_stopping_server_ends_its_streams_saying_it_restarts(llm: FakeLLM, machine: None) -> None:
+    env = {**openai_env(llm.url), "SANDBANK_SHUTDOWN_GRACE_SECONDS": "1"}
+    with running(env) as server, server.new_user() as bob:
+        sid = bob.new_session()
+        question = bob.ask(sid, "sleep for a while")
+        bob.wait_for_status(sid, "running code")
+        received: list[Received] = []
+        reader = threading.Thread(
+            target=lambda: received.extend(follow(bob, sid, params={"from": question["timestamp"]}))
+        )
+        reader.start()
+        time.sleep(1)
+        server.stop()
+        reader.join(30)
+    assert received[-1].kind == "end"
+    assert received[-1].data == {
+        "reason": "shutdown",
+        "message": "the server is restarting, retry: the answer goes on (on another replica, "
+        "or once the server is back); reconnect with `from` set to the last message's timestamp",
+    }

@@ -94,6 +94,18 @@ async def test_workspace_is_cwd_and_home(sb: Shell) -> None:
     assert r.stdout == "/workspace /workspace\n"
 
 
+async def test_a_figure_the_code_saved_itself_is_not_saved_twice(sb: Shell) -> None:
+    r = await sb.py(
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2, 3]); plt.savefig('chart.png')\n"  # left open: once, as chart.png
+        "import io; plt.figure(); plt.bar([1], [2]); plt.savefig(io.BytesIO())"  # in memory
+    )
+    assert r.return_code == 0, r.stderr
+    assert r.files == ["chart.png", "figure_1.png"]
+    r = await sb.py("import matplotlib.pyplot as plt; print(plt.get_fignums())")
+    assert r.stdout == "[]\n"  # every figure closed at the end of the call, as before
+
+
 async def test_matplotlib_figures_are_saved_as_png_and_reported(sb: Shell) -> None:
     r = await sb.py(
         "import matplotlib.pyplot as plt\n"

@@ -151,3 +151,29 @@ async def test_sweeps_run_off_the_loop_one_at_a_time_and_a_burst_shares_them(
         assert backend.runs == runs_at_call + 1 and first.done()
     finally:
         await rt.close()
+
+
+def test_session_ids_never_begin_with_an_option_character() -> None:
+    """`sandbank exec --session ID` took one id in 64 (those beginning with `-`) for an option."""
+    rt = LocalSandboxes(settings(Path("/nonexistent")), FakeBackend(settings(Path("/x"))))
+    ids = [rt.new_id() for _ in range(20_000)]
+    assert all(i[0] in "0123456789abcdef" for i in ids)
+    assert len(set(ids)) == len(ids) and {len(i) for i in ids} == {30}
+    assert {i[:6] for i in ids} == {rt.instance}
+
+
+async def test_a_session_of_an_earlier_server_run_is_said_to_have_ended_with_it(
+    make_runtime: MakeRuntime,
+) -> None:
+    before = await make_runtime()
+    old = await before.create("t")
+    after = await make_runtime()  # the same server, started again
+    with pytest.raises(SessionNotFound) as caught:
+        after.session(old.id, "t")
+    assert "ended when the server restarted" in caught.value.message
+    assert "create a new session" in caught.value.message
+    with pytest.raises(SessionNotFound, match=r"^no session 'unknown'$"):
+        after.session("unknown", "t")
+    mine = await after.create("t")
+    with pytest.raises(SessionNotFound, match=r"^no session "):
+        after.session(mine.id, "another tenant")  # never told apart from an unknown one

@@ -9,7 +9,7 @@ import pytest
 
 from sandbank.errors import NotFound, SessionNotFound
 from sandbank.store import Store
-from tests.store.support import held_run, new_chat
+from tests.store.support import held_run, new_chat, started
 
 pytestmark = pytest.mark.anyio
 
@@ -141,3 +141,21 @@ async def test_messages_need_their_chat(store: Store) -> None:
     await store.chats.delete(run.session_id)
     with pytest.raises(SessionNotFound):
         await store.runs.add_message(run, "assistant", "hi", False)
+
+
+async def test_a_chat_is_titled_by_its_first_question_until_its_user_names_it(store: Store) -> None:
+    sid = await new_chat(store)
+    assert (await store.chats.get(sid)).title is None  # type: ignore[union-attr]
+    run = await started(store, sid, owner="r1", content="x" * 300)
+    await store.runs.finish(run, "DONE", None, "done")
+    await started(store, sid, owner="r1", content="the second question")
+    assert (await store.chats.get(sid)).title == "x" * 200  # type: ignore[union-attr]
+    await store.chats.rename(sid, "Sales by region")
+    user = await store.accounts.get_user("alice")
+    assert user is not None
+    (listed,) = await store.chats.of_user(user.id)
+    assert listed.title == "Sales by region" == (await store.chats.get(sid)).title  # type: ignore[union-attr]
+    await store.chats.rename(sid, None)
+    assert (await store.chats.get(sid)).title == "x" * 200  # type: ignore[union-attr]
+    with pytest.raises(SessionNotFound):
+        await store.chats.rename("00000000-0000-0000-0000-000000000000", "x")

@@ -47,3 +47,13 @@ async def test_upload_forms_are_noted_until_dropped_and_go_with_their_chat(store
     assert await records.pending_uploads(sid) == {}
     with pytest.raises(SessionNotFound):
         await records.note_upload(sid, "c.csv", 400.0)
+
+
+async def test_a_deleted_record_and_its_upload_form_are_gone(store: Store) -> None:
+    sid = await new_chat(store)
+    await store.file_records.upsert(sid, "a.csv", 3, "user")
+    await store.file_records.note_upload(sid, "a.csv", 9e9)
+    assert await store.file_records.delete(sid, "a.csv") is True
+    assert await store.file_records.get(sid, "a.csv") is None
+    assert await store.file_records.pending_uploads(sid) == {}
+    assert await store.file_records.delete(sid, "a.csv") is False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
@@ -194,3 +196,27 @@ async def test_fail_orphan_pending_marks_only_pending_chats_without_a_run(store:
         done: ("DONE", None),
         with_run: ("PENDING", "starting"),
     }
+
+
+async def test_asking_again_runs_the_latest_question_without_storing_it_twice(
+    store: Store,
+) -> None:
+    sid = await new_chat(store)
+    args: dict[str, Any] = {
+        "max_per_user": 10,
+        "max_total": 10,
+        "owner": "r1",
+        "lease_seconds": LEASE,
+    }
+    assert await store.runs.start(sid, None, **args) == "no_question"
+    assert (await store.chats.get(sid)).status == "DONE"  # type: ignore[union-attr]
+    first = await started(store, sid, owner="r1", content="how many?")
+    await store.runs.finish(first, "ERROR", "cancelled", "cancelled")
+    again = await store.runs.start(sid, None, **args)
+    assert not isinstance(again, str)
+    question, run = again
+    assert (question.content, question.timestamp) == ("how many?", first.question_at)
+    assert run.question_at == first.question_at and run.id != first.id
+    assert [m.content for m in await store.chats.messages(sid)] == ["how many?"]
+    assert (await store.chats.get(sid)).status == "PENDING"  # type: ignore[union-attr]
+    assert await store.runs.start(sid, None, **args) == "busy"

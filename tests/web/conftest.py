@@ -28,6 +28,7 @@ UPLOAD_CAP = 100_000  # bytes: small, so that a refused upload is quick to make
 TRUSTED_HEADER = "X-Remote-User"
 # Chromium logs every 4xx answer of fetch() as "Failed to load resource" on the console.
 NETWORK_ERROR = re.compile(r"^Failed to load resource: the server responded with a status of (\d+)")
+FAILED = re.compile(r"^Failed to load resource: net::")
 
 
 @pytest.fixture(scope="package")  # torn down with the package: Playwright holds an event loop
@@ -93,10 +94,11 @@ class Console:
         found = list(self.exceptions)
         for kind, text, url in self.messages:
             network = NETWORK_ERROR.match(text)
+            # A request the test itself cut off (status 0 in `refusals`).
+            status = int(network.group(1)) if network else 0 if FAILED.match(text) else None
             path = urlsplit(url).path
-            if network and any(
-                int(network.group(1)) == status and path.startswith(prefix)
-                for status, prefix in refusals
+            if status is not None and any(
+                status == allowed and path.startswith(prefix) for allowed, prefix in refusals
             ):
                 continue
             found.append(f"{kind}: {text} ({url})")
@@ -109,9 +111,17 @@ PROBE = (403, "/api/sessions")
 
 @dataclass
 class Tab:
+    """A browser tab; when its test ends, anything on its console but the refusals the test
+    declared (`allow`) fails it: every page of every UI test is checked."""
+
     page: Page
     console: Console
     base_url: str
+    allowed: list[tuple[int, str]] = field(default_factory=lambda: [PROBE])
+
+    def allow(self, status: int, path_prefix: str) -> None:
+        """A refusal of the API this test provokes on purpose (Chromium logs each one)."""
+        self.allowed.append((status, path_prefix))
 
     def shot(self, name: str) -> None:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -124,5 +134,7 @@ def tab(browser: Browser, server: Server) -> Iterator[Tab]:
     page = context.new_page()
     console = Console()
     console.watch(page)
-    yield Tab(page, console, server.url)
+    tab = Tab(page, console, server.url)
+    yield tab
     context.close()
+    assert console.unexpected(*tab.allowed) == [], "the page reported errors on its console"

@@ -26,6 +26,7 @@ def test_the_config_tells_a_proxied_user_apart(server: Server, user: Client) -> 
         "sign_in": True,
         "session_ttl_seconds": 604800,
         "documents": ["openapi.json", "api/openapi.json"],
+        "assistant": {"state": "ok", "available": True, "message": None},
     }
     proxied = httpx.get(server.url + "/ui/config.json", headers={TRUSTED_HEADER: user.name})
     assert proxied.json()["sign_in"] is False

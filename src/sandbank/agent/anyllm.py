@@ -28,8 +28,14 @@ from sandbank.agent.model import (
     Usage,
     UserMessage,
 )
+from sandbank.agent.reach import UNREACHABLE
 from sandbank.config import Settings
-from sandbank.errors import ModelEndpointRefused, ModelNotConfigured, ModelUnavailable
+from sandbank.errors import (
+    ModelEndpointRefused,
+    ModelNotConfigured,
+    ModelUnavailable,
+    ModelUnreachable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +44,15 @@ MAX_BACKOFF_S = 30.0
 # Local OpenAI-compatible servers need no key, but the OpenAI client insists on one.
 PLACEHOLDER_KEY = "sandbank-no-key"
 _TRANSIENT = ("APIConnectionError", "APITimeoutError")  # openai's and anthropic's names
+# A connection that cannot even be made (refused, no such host) is tried once more, at once,
+# then said in words: backing off for 15 s would only keep the user waiting.
+CONNECT_RETRY_S = 0.3
+
+
+def _unreachable(error: AnyLLMError) -> bool:
+    return error.status_code is None and (
+        type(error.original_exception).__name__ == "APIConnectionError"
+    )
 
 
 def is_loopback_url(url: str) -> bool:
@@ -311,10 +326,18 @@ class AnyLLMModel:
             try:
                 response = await self._llm.acompletion(**request)
             except AnyLLMError as error:
-                if _retryable(error) and attempt < settings.llm_max_retries:
-                    await anyio.sleep(_delay(error, attempt, settings.llm_retry_base_seconds))
+                unreachable = _unreachable(error)
+                retries = (
+                    min(1, settings.llm_max_retries) if unreachable else (settings.llm_max_retries)
+                )
+                if _retryable(error) and attempt < retries:
+                    delay = _delay(error, attempt, settings.llm_retry_base_seconds)
+                    await anyio.sleep(CONNECT_RETRY_S if unreachable else delay)
                     attempt += 1
                     continue
+                if unreachable:
+                    log.warning("model %s: cannot connect: %s", self.name, str(error)[:300])
+                    raise ModelUnreachable(UNREACHABLE) from error
                 tries = f" after {attempt + 1} attempts" if attempt else ""
                 status = f" (HTTP {error.status_code})" if error.status_code else ""
                 detail = str(error)[:500]

@@ -19,7 +19,8 @@ from ..errors import NotFound, Unauthorized
 from ..http.auth import bearer
 from ..sandbox.local import LocalSandboxes
 
-ID_PREFIX = 8
+ID_PREFIX = 14  # the server instance (6) and 8 random characters
+TENANT_PREFIX = 8
 
 
 def sessions_endpoint(local: LocalSandboxes, settings: Settings) -> Any:
@@ -35,7 +36,7 @@ def sessions_endpoint(local: LocalSandboxes, settings: Settings) -> Any:
         listing = [
             {
                 "session": s.id[:ID_PREFIX],
-                "tenant": s.tenant[:ID_PREFIX] or "-",
+                "tenant": s.tenant[:TENANT_PREFIX] or "-",
                 "created_at": s.created_at,
                 "last_activity_at": s.last_activity_at,
                 "state": "busy" if s.inflight else "idle",

@@ -16,7 +16,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
 from ..config import Settings
-from ..errors import SandbankError
+from ..errors import AtCapacity, SandbankError, SessionNotFound, Unauthorized
+from ..http.errors import error_response
 from ..sandbox.local import LocalSandboxes
 
 log = logging.getLogger(__name__)
@@ -122,32 +123,36 @@ class NodeControl:
 class FleetGate:
     """Every request but /health must carry the fleet token; a draining node takes no session."""
 
-    def __init__(self, app: ASGIApp, token: str, control: NodeControl) -> None:
+    def __init__(
+        self, app: ASGIApp, token: str, control: NodeControl, metrics_open: bool = False
+    ) -> None:
         self.app = app
         self.expected = f"Bearer {token}".encode()
         self.control = control
+        # With SANDBANK_METRICS_TOKEN, /metrics checks that token itself (a scraper's).
+        self.open_paths = OPEN_PATHS | ({"/metrics"} if metrics_open else set())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
         given = b""
         for key, value in scope["headers"]:
             if key == b"authorization":
                 given = value
+        refusal: SandbankError | None = None
         if not hmac.compare_digest(given, self.expected):
-            response: Response = JSONResponse(
-                {"detail": "this is a fleet node: only the fleet's fronts may call it"}, 401
-            )
+            refusal = Unauthorized("this is a fleet node: only the fleet's fronts may call it")
         elif self.control.closed and scope["path"].startswith("/sessions/"):
-            response = JSONResponse(
-                {"detail": "this node has drained and is shutting down: its sessions are gone"},
-                404,
+            refusal = SessionNotFound(
+                "this node has drained and is shutting down: its sessions are gone"
             )
         elif self.control.draining and scope["path"] == "/sessions" and scope["method"] == "POST":
-            response = JSONResponse(
-                {"detail": "this node is draining"}, 503, headers={"Retry-After": "1"}
-            )
+            refusal = AtCapacity("this node is draining", retry_after=1)
+        if refusal is not None:
+            retry = getattr(refusal, "retry_after", None)
+            headers = {"Retry-After": str(retry)} if retry is not None else None
+            response = error_response(Request(scope), refusal, headers)
         elif scope["path"] == "/sessions" and scope["method"] == "POST":
             await self.app(scope, receive, self._with_instance(send))
             return

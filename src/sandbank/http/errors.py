@@ -1,4 +1,10 @@
-"""Error answers of both APIs: each contract's own body shape, a request id for the unexpected."""
+"""Error answers: each contract's own body shape, one shape for the rest, ids for the unexpected.
+
+Under `/api` (the interpreter API's contract): `{message, error_code, error_id}`, `error_code`
+the number of the error tree. Everywhere else (the code-execution API, whose contract fixes
+`detail` and allows more, and every other route of ours: /metrics, /admin, /fleet, /ui, /docs,
+a refused Host): `{detail, code}`, `code` the tree's stable string code.
+"""
 
 from __future__ import annotations
 
@@ -22,10 +28,8 @@ def is_interpreter_api(request: Request) -> bool:
 def error_response(
     request: Request, error: SandbankError, headers: dict[str, str] | None = None
 ) -> Response:
-    """The error body each API promises.
-
-    `{detail}` at the root (code-execution API), `{message, error_code, error_id}` under /api.
-    """
+    """The error body each API promises: `{message, error_code, error_id}` under /api,
+    `{detail, code}` everywhere else."""
     if is_interpreter_api(request):
         error_id = str(uuid.uuid4())
         log.info("error %s %s %s: %s", error_id, request.method, request.url.path, error.message)

@@ -117,6 +117,14 @@ class SessionFiles:
             object_key(session_id, filename), shown, self.settings.presigned_url_expiry_seconds
         )
 
+    async def delete(self, session_id: str, filename: str) -> None:
+        """Forget one file: its record, then its object (`NotFound` when it has neither)."""
+        await self.reconcile(session_id)
+        recorded = await self.store.file_records.delete(session_id, filename)
+        if not recorded:
+            raise NotFound(f"no file {filename!r} in this session")
+        await self.objects.delete(object_key(session_id, filename))
+
     async def forget(self, session_id: str) -> None:
         await self.objects.delete_prefix(session_prefix(session_id))
 

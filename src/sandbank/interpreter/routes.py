@@ -39,11 +39,14 @@ class InterpreterApi:
             ("/sessions", self.list_sessions, "GET"),
             ("/sessions/{session_id}", self.get_session, "GET"),
             ("/sessions/{session_id}", self.delete_session, "DELETE"),
+            ("/sessions/{session_id}", self.rename_session, "PATCH"),
             ("/sessions/{session_id}/cancel", self.cancel, "POST"),
+            ("/sessions/{session_id}/retry", self.ask_again, "POST"),
             ("/sessions/{session_id}/messages", self.post_message, "POST"),
             ("/sessions/{session_id}/messages", self.list_messages, "GET"),
             ("/sessions/{session_id}/events", self.session_events, "GET"),
             ("/sessions/{session_id}/files", self.list_files, "GET"),
+            ("/sessions/{session_id}/files", self.delete_file, "DELETE"),
             ("/sessions/{session_id}/files/upload", self.upload_form, "GET"),
             ("/sessions/{session_id}/files/download", self.download_url, "GET"),
             ("/uploads", self.receive_upload, "POST"),
@@ -85,6 +88,12 @@ class InterpreterApi:
         await service.delete_session(user, sid)
         return JSONResponse({})
 
+    async def rename_session(self, request: Request) -> Response:
+        service, user, sid = await self._in_session(request)
+        raw = await read_body(request, MAX_MESSAGE_BODY_SLACK, BadRequest)
+        title = schemas.session_title(raw, request.headers.get("content-type", ""))
+        return JSONResponse(schemas.session_out(await service.rename(user, sid, title)))
+
     async def cancel(self, request: Request) -> Response:
         service, user, sid = await self._in_session(request)
         return JSONResponse(schemas.session_out(await service.cancel(user, sid)))
@@ -100,6 +109,10 @@ class InterpreterApi:
         )
         message = await service.post_message(user, sid, content)
         return JSONResponse(schemas.message_out(message))
+
+    async def ask_again(self, request: Request) -> Response:
+        service, user, sid = await self._in_session(request)
+        return JSONResponse(schemas.message_out(await service.ask_again(user, sid)))
 
     async def list_messages(self, request: Request) -> Response:
         service, user, sid = await self._in_session(request)
@@ -121,6 +134,12 @@ class InterpreterApi:
     async def list_files(self, request: Request) -> Response:
         service, user, sid = await self._in_session(request)
         return JSONResponse([schemas.file_out(f) for f in await service.list_files(user, sid)])
+
+    async def delete_file(self, request: Request) -> Response:
+        service, user, sid = await self._in_session(request)
+        filename = schemas.stored_name(request.query_params.get("filename"))
+        await service.delete_file(user, sid, filename)
+        return JSONResponse({})
 
     async def upload_form(self, request: Request) -> Response:
         service, user, sid = await self._in_session(request)

@@ -26,6 +26,7 @@ import anyio.to_thread
 from sandbank.agent.interfaces import FileInfo, HistoryMessage
 from sandbank.agent.loop import RunLimits, run_turn
 from sandbank.agent.model import Model
+from sandbank.agent.reach import ModelReach
 from sandbank.agent.records import Role
 from sandbank.config import Settings
 from sandbank.errors import (
@@ -33,6 +34,7 @@ from sandbank.errors import (
     BadRequest,
     Conflict,
     LeaseLost,
+    ModelUnreachable,
     NotFound,
     PayloadTooLarge,
     QuotaError,
@@ -163,8 +165,11 @@ class Runs:
         settings: Settings,
         replica: str | None = None,
         on_ended: Callable[[str, int], None] | None = None,
+        reach: ModelReach | None = None,
     ) -> None:
         self.store = store
+        # Whether the model answers at all: a question is refused at once while it does not.
+        self.reach = reach or ModelReach(settings, not isinstance(model, SandbankError))
         self.on_ended = on_ended  # (outcome, steps) of each run that ends here: metrics
         self.files = files
         self.sandboxes = sandboxes
@@ -186,14 +191,24 @@ class Runs:
                 settings.run_lease_seconds,
             )
 
+    @property
+    def shared_sandboxes(self) -> bool:
+        """Every replica reaches the same sandboxes (one remote backend, or a fleet's nodes)."""
+        return bool(self.settings.sandbox_url) or self.settings.role == "front"
+
     # --- starting, cancelling, stopping ------------------------------------------------------
-    async def begin(self, session: ChatSession, content: str) -> Message:
+    async def begin(self, session: ChatSession, content: str | None) -> Message:
         """Store the question and its run (taken here when there is room, else queued for any
-        replica); refuses before storing anything."""
+        replica); refuses before storing anything. `content` None asks the session's latest
+        question again, in place (no new message)."""
         if isinstance(self.model, SandbankError):
             # A fresh error each time: raising the stored one would grow its traceback
             # and keep every request's frames alive.
             raise type(self.model)(self.model.message)
+        if self.reach.verdict.state == "unreachable":
+            verdict = await self.reach.check()  # back since? one connection tells, in < 2 s
+            if verdict.state == "unreachable":
+                raise ModelUnreachable(verdict.message or "the model cannot be reached")
         s = self.settings
         # A slot is reserved across the await, so concurrent posts never overfill this replica.
         here = self._claiming and len(self.active) + self._reserved < s.runs_per_replica
@@ -207,10 +222,12 @@ class Runs:
                 owner=self.replica if here else None,
                 lease_seconds=s.run_lease_seconds,
                 # Local runtimes: the replica holding the session's sandbox runs it if alive.
-                affinity=not s.sandbox_url,
+                affinity=not self.shared_sandboxes,
             )
         finally:
             self._reserved -= here
+        if started == "no_question":
+            raise BadRequest("this session has no question to ask again: post one first")
         if started == "busy":
             raise RunInProgress(
                 "a run is already in progress in this session: wait until its status is DONE "
@@ -372,6 +389,8 @@ class Runs:
             steps = result.steps
             if isinstance(result.error, LeaseLost):
                 raise result.error
+            if isinstance(result.error, ModelUnreachable):
+                self.reach.failed()
             self._finishing(run)
             skipped = saved[0] if saved else await self._harvest(run, owner, lease, before)
             if result.status == "cancelled":
@@ -436,8 +455,12 @@ class Runs:
     async def _lease(self, sid: str, owner: str, had_history: bool) -> tuple[Lease, bool]:
         lease = self.leases.get(sid)
         if lease is not None and await exists(self.sandboxes, lease.sandbox_id, owner):
-            return lease, False
-        if lease is None and self.settings.sandbox_url:
+            recorded = {r.filename for r in await self.files.list(sid)}
+            if not set(lease.placed) - recorded:
+                return lease, False
+            # A file it holds was deleted: only a fresh sandbox is sure not to have it.
+            await self._drop(sid, owner)
+        if lease is None and self.shared_sandboxes:
             # A shared backend: the sandbox another replica used for this session is ours too
             # (its files are placed again, as this replica knows nothing of what it holds).
             _, stored = await self.store.chats.sandbox(sid)

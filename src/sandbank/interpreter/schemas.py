@@ -12,6 +12,7 @@ from sandbank.files import validate_filename, validate_stored_name
 from sandbank.http.responses import sse
 from sandbank.interpreter.events import Event
 from sandbank.store import ChatSession, FileRecord, Message
+from sandbank.store.records import TITLE_MAX
 
 
 def session_id(raw: str) -> str:
@@ -88,7 +89,35 @@ def session_out(session: ChatSession) -> dict[str, Any]:
     }
     if session.status_message is not None:
         out["status_message"] = session.status_message
+    if session.title is not None:
+        out["title"] = session.title
     return out
+
+
+def session_title(raw: bytes, content_type: str) -> str | None:
+    """The body of RenameSession: `{"title": "..."}` (null or blank: back to the first
+    question)."""
+    if not is_json(content_type):
+        raise BadRequest("the request body must be JSON (Content-Type: application/json)")
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise BadRequest("the request body is not valid JSON") from None
+    if not isinstance(body, dict) or "title" not in body:
+        raise BadRequest('the request body must be a JSON object with `title`: {"title": "..."}')
+    title = body["title"]
+    if title is None:
+        return None
+    if not isinstance(title, str):
+        raise BadRequest("`title` must be a string or null")
+    title = " ".join(title.split())  # one line: control characters and runs of blanks go
+    if len(title) > TITLE_MAX:
+        raise BadRequest(f"`title` is longer than {TITLE_MAX} characters")
+    try:
+        title.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest("`title` contains a lone surrogate: it must be valid Unicode") from None
+    return title or None
 
 
 def message_out(message: Message) -> dict[str, Any]:
@@ -111,6 +140,13 @@ def file_out(record: FileRecord) -> dict[str, Any]:
     return {"filename": record.filename, "size": record.size, "origin": record.origin}
 
 
+# The end of a stream whose server stops: the run goes on (another replica, or the next start).
+RESTARTING = (
+    "the server is restarting, retry: the answer goes on (on another replica, or once the "
+    "server is back); reconnect with `from` set to the last message's timestamp"
+)
+
+
 def event_out(event: Event) -> bytes:
     """One event of the session's stream as Server-Sent Events; a message's id is its
     timestamp, so a reconnecting EventSource resumes after it (`Last-Event-ID`)."""
@@ -122,5 +158,7 @@ def event_out(event: Event) -> bytes:
     if event.kind == "text":
         return sse("text", {"step": event.step, "text": event.text})
     if event.kind == "end":
+        if event.reason == "shutdown":
+            return sse("end", {"reason": event.reason, "message": RESTARTING})
         return sse("end", {"reason": event.reason})
     return b": ping\n\n"

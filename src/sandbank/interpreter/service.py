@@ -9,7 +9,13 @@ import time
 from collections.abc import AsyncIterator
 
 from sandbank.config import Settings
-from sandbank.errors import Forbidden, QuotaExceeded, SandbankError, SessionNotFound
+from sandbank.errors import (
+    Forbidden,
+    QuotaExceeded,
+    RunInProgress,
+    SandbankError,
+    SessionNotFound,
+)
 from sandbank.files import PresignedPost
 from sandbank.interpreter.events import Event, follow
 from sandbank.interpreter.files import SessionFiles
@@ -68,6 +74,11 @@ class InterpreterService:
         await self.store.chats.delete(session_id)
         await self.files.forget(session_id)
 
+    async def rename(self, user: User, session_id: str, title: str | None) -> ChatSession:
+        await self._owned(user, session_id)
+        await self.store.chats.rename(session_id, title)
+        return await self._owned(user, session_id)
+
     async def cancel(self, user: User, session_id: str) -> ChatSession:
         await self._owned(user, session_id)
         await self.runs.cancel(session_id)
@@ -87,6 +98,10 @@ class InterpreterService:
     # --- messages ------------------------------------------------------------------------------
     async def post_message(self, user: User, session_id: str, content: str) -> Message:
         return await self.runs.begin(await self._owned(user, session_id), content)
+
+    async def ask_again(self, user: User, session_id: str) -> Message:
+        """Run the session's latest question again, in place: no message is added."""
+        return await self.runs.begin(await self._owned(user, session_id), None)
 
     async def messages(self, user: User, session_id: str, after: float | None) -> list[Message]:
         await self._owned(user, session_id)
@@ -108,6 +123,15 @@ class InterpreterService:
     async def download_url(self, user: User, session_id: str, filename: str) -> str:
         await self._owned(user, session_id)
         return await self.files.download_url(session_id, filename)
+
+    async def delete_file(self, user: User, session_id: str, filename: str) -> None:
+        session = await self._owned(user, session_id)
+        if session.status == "PENDING":
+            raise RunInProgress(
+                "a run is in progress in this session: delete the file once it has ended "
+                "(or cancel it)"
+            )
+        await self.files.delete(session_id, filename)
 
     async def list_files(self, user: User, session_id: str) -> list[FileRecord]:
         await self._owned(user, session_id)

@@ -20,6 +20,7 @@ from typing import Protocol
 from ..config import Settings
 from ..errors import AtCapacity, NotFound, SessionNotFound
 from ..protocol.calls import (
+    RC_KILLED,
     RC_TIMEOUT,
     Display,
     Done,
@@ -42,9 +43,24 @@ from .host.tree import Tree
 from .host.workspace import SANDBOX_ROOT, split
 from .pool import WarmPool
 from .sessions import ExecSession, Watcher, victim
-from .supervisor import restore_root
+from .supervisor import DESTROYED, restore_root
 
 log = logging.getLogger(__name__)
+# A session id: this server process's instance (hex, so an id never begins with `-`, which a
+# command line would take for an option), then 144 random bits.
+INSTANCE_CHARS = 6
+RANDOM_BYTES = 18
+ID_CHARS = INSTANCE_CHARS + RANDOM_BYTES * 4 // 3
+HEX = frozenset("0123456789abcdef")
+# What a call running when the server stops gets (its session ends with the server).
+RESTARTING = (
+    "[sandbank] the server is restarting: this session ended with it (its state is lost); "
+    "retry in a new session\n"
+)
+ENDED_WITH_SERVER = (
+    "session {id!r} ended when the server restarted (sessions live in the server's memory "
+    "and end with it): create a new session and run your code again"
+)
 
 
 class Hooks(Protocol):
@@ -94,6 +110,16 @@ class LocalSandboxes:
         self._sweeping: asyncio.Future[None] | None = None
         self._sweep_again = False
         self._accepting = False
+        self._stopping = False
+        self.instance = secrets.token_hex(INSTANCE_CHARS // 2)
+
+    def new_id(self) -> str:
+        return self.instance + secrets.token_urlsafe(RANDOM_BYTES)
+
+    def ended_with_a_restart(self, session_id: str) -> bool:
+        """Whether the id is one of ours from an earlier run of the server (not this one's)."""
+        head = session_id[:INSTANCE_CHARS]
+        return len(session_id) == ID_CHARS and set(head) <= HEX and head != self.instance
 
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -106,6 +132,7 @@ class LocalSandboxes:
     async def close(self) -> None:
         """Stop taking work, end running calls with a result, remove every sandbox."""
         self._accepting = False
+        self._stopping = True
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -160,7 +187,7 @@ class LocalSandboxes:
 
     async def _create(self, tenant: str, spec: SessionSpec) -> ExecSession:
         if not self._accepting:
-            raise AtCapacity("the server is shutting down", retry_after=30)
+            raise AtCapacity("the server is restarting: retry in a moment", retry_after=30)
         s = self.settings
         reclaim = victim(
             list(self._sessions.values()),
@@ -174,7 +201,7 @@ class LocalSandboxes:
         sandbox = await self.pool.take()
         sandbox.on_restart = self._restarted
         session = ExecSession(
-            id=secrets.token_urlsafe(18),
+            id=self.new_id(),
             tenant=tenant,
             sandbox=sandbox,
             idle_timeout=min(spec.idle_timeout or s.idle_timeout_default, s.idle_timeout_max),
@@ -198,6 +225,8 @@ class LocalSandboxes:
         session = self._sessions.get(session_id)
         # Another tenant's session does not exist for this caller.
         if session is None or not secrets.compare_digest(session.tenant, tenant):
+            if session is None and self.ended_with_a_restart(session_id):
+                raise SessionNotFound(ENDED_WITH_SERVER.format(id=session_id))
             raise SessionNotFound(f"no session {session_id!r}")
         if session.outlived(time.time()):  # past its lifetime: gone, even before the reaper
             self._destroy_in_background(session_id)
@@ -246,6 +275,10 @@ class LocalSandboxes:
         if isinstance(call, PythonCall) and call.notebook:
             count = session.executions.get(call.context, 0) + 1
             session.executions[call.context] = result.execution_count = count
+        if self._stopping and result.return_code == RC_KILLED:
+            # Ended by the server's own stop, not by anything the code or client did.
+            kept = result.stderr.replace(DESTROYED, "")
+            result = dataclasses.replace(result, stderr=kept + RESTARTING)
         self.hooks.executed(call, result, time.monotonic() - arrival)
         return result
 

@@ -457,9 +457,12 @@ def restore_root(root: Path, uid: int, gid: int, mode: int) -> None:
         os.close(fd)
 
 
+DESTROYED = "[sandbank] the session was destroyed while this call was running\n"
+
+
 def _result_of_destroyed(started: float) -> ExecResult:
     return ExecResult(
-        stderr="[sandbank] the session was destroyed while this call was running\n",
+        stderr=DESTROYED,
         return_code=RC_KILLED,
         duration_ms=int((time.monotonic() - started) * 1000),
     )

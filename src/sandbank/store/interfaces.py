@@ -67,10 +67,17 @@ class Chats(Protocol):
     with their messages; their status and messages are written through `RunQueue`."""
 
     async def create(self, user_id: str, ttl_seconds: float) -> ChatSession: ...
-    async def get(self, session_id: str) -> ChatSession | None: ...
+
+    async def get(self, session_id: str) -> ChatSession | None:
+        """The chat, its `title` the given name or else its first question."""
+        ...
 
     async def of_user(self, user_id: str) -> list[ChatSession]:
-        """The user's chats, newest first."""
+        """The user's chats, newest first, titled as `get` titles them."""
+        ...
+
+    async def rename(self, session_id: str, title: str | None) -> None:
+        """Name the chat; None forgets the name (its first question shows again)."""
         ...
 
     async def count(self, user_id: str) -> int: ...
@@ -103,7 +110,7 @@ class RunQueue(Protocol):
     async def start(
         self,
         session_id: str,
-        content: str,
+        content: str | None,
         *,
         max_per_user: int,
         max_total: int,
@@ -113,7 +120,8 @@ class RunQueue(Protocol):
     ) -> tuple[Message, Run] | StartRefusal:
         """One transaction: check the limits (counted under a lock, so they hold for every
         replica), move the chat to PENDING, store the question and its run (see
-        `records.posted_run` for who holds it). Refusals store nothing."""
+        `records.posted_run` for who holds it). `content` None runs the chat's latest question
+        again, storing no message (`no_question` when it has none). Refusals store nothing."""
         ...
 
     async def claim(
@@ -174,6 +182,10 @@ class FileRecords(Protocol):
         self, session_id: str, filename: str, size: int, origin: Origin
     ) -> FileRecord: ...
     async def get(self, session_id: str, filename: str) -> FileRecord | None: ...
+
+    async def delete(self, session_id: str, filename: str) -> bool:
+        """Forget the file's record (and any upload form for it); False if there was none."""
+        ...
 
     async def of_session(self, session_id: str) -> list[FileRecord]:
         """The chat's file records, by filename."""

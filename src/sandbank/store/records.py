@@ -13,12 +13,13 @@ SessionStatus = Literal["PENDING", "DONE", "ERROR"]
 RunState = Literal["queued", "running", "done", "error", "cancelled"]
 ACTIVE_RUN_STATES = ("queued", "running")
 # Why a question was refused before anything was stored (see `RunQueue.start`).
-StartRefusal = Literal["busy", "user_limit", "total_limit"]
+StartRefusal = Literal["busy", "user_limit", "total_limit", "no_question"]
 CancelOutcome = Literal["none", "requested", "ended"]
 ReleaseOutcome = Literal["released", "answered", "lost"]
 Role = Literal["user", "assistant", "tool", "trace"]
 Origin = Literal["user", "assistant"]
 CANCELLED = "cancelled"  # the status message of a chat whose run was cancelled
+TITLE_MAX = 200  # characters of a chat's title (a given name, or its first question)
 
 SECRET_PREFIX = "sb_"  # noqa: S105 - a public marker that makes leaked keys greppable
 
@@ -58,6 +59,9 @@ class ChatSession:
     status_message: str | None
     created_at: float
     ttl: float  # POSIX seconds after which the session may be deleted
+    # As read: the name its user gave, else its first question (cut to TITLE_MAX); None
+    # before either. As stored, only the given name.
+    title: str | None = None
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ sessions = sa.Table(
     # Where the session's sandbox lives (migration 0002).
     sa.Column("replica", sa.String(64), nullable=True),
     sa.Column("sandbox_id", sa.String(200), nullable=True),
+    sa.Column("title", sa.Text(), nullable=True),  # the name its user gave (migration 0004)
 )
 
 messages = sa.Table(

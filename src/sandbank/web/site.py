@@ -12,6 +12,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sandbank.agent.reach import ModelReach
 from sandbank.config import Settings
 from sandbank.http.proxies import is_trusted, parse_networks
 
@@ -65,7 +66,7 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
-def site(settings: Settings) -> list[BaseRoute]:
+def site(settings: Settings, reach: ModelReach | None = None) -> list[BaseRoute]:
     """`/` and `/ui/...` only: a catch-all mount would shadow the APIs' 405s with 404s."""
     headers = security_headers(csp(settings))
 
@@ -80,14 +81,18 @@ def site(settings: Settings) -> list[BaseRoute]:
 
     async def config(request: Request) -> Response:
         """What the page needs before its first API call: whether to ask for a key (so it never
-        provokes a 403 to find out), and the sessions' time to live (creation = ttl - it)."""
+        provokes a 403 to find out), the sessions' time to live (creation = ttl - it), and
+        whether the assistant can answer (and if not, what the operator must set)."""
         client = request.client.host if request.client else None
         proxied = bool(header and request.headers.get(header) and is_trusted(client, proxies))
-        body = {
+        body: dict[str, object] = {
             "sign_in": not proxied,
             "session_ttl_seconds": settings.session_ttl_seconds,
             "documents": documents,
         }
+        if reach is not None:
+            # Whether questions can be answered now (checked again when a few seconds old).
+            body["assistant"] = (await reach.current()).public()
         return JSONResponse(body, headers=headers)
 
     async def reference(request: Request) -> Response:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 
 from sandbank.errors import NotFound
 from sandbank.store.memory.state import MemoryState
-from sandbank.store.records import ChatSession, Message
+from sandbank.store.records import TITLE_MAX, ChatSession, Message
 
 
 class MemoryChats:
@@ -26,11 +27,23 @@ class MemoryChats:
         return chat
 
     async def get(self, session_id: str) -> ChatSession | None:
-        return self.state.chats.get(session_id)
+        chat = self.state.chats.get(session_id)
+        return None if chat is None else self._titled(chat)
 
     async def of_user(self, user_id: str) -> list[ChatSession]:
-        mine = [c for c in self.state.chats.values() if c.user_id == user_id]
+        mine = [self._titled(c) for c in self.state.chats.values() if c.user_id == user_id]
         return sorted(mine, key=lambda c: c.created_at, reverse=True)
+
+    async def rename(self, session_id: str, title: str | None) -> None:
+        chat = self.state.chat(session_id)
+        self.state.chats[session_id] = dataclasses.replace(chat, title=title)
+
+    def _titled(self, chat: ChatSession) -> ChatSession:
+        if chat.title is not None:
+            return chat
+        asked = (m for m in self.state.messages.get(chat.id, []) if m.role == "user")
+        first = next(asked, None)
+        return chat if first is None else dataclasses.replace(chat, title=first.content[:TITLE_MAX])
 
     async def count(self, user_id: str) -> int:
         return sum(1 for c in self.state.chats.values() if c.user_id == user_id)

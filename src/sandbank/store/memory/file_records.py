@@ -23,6 +23,11 @@ class MemoryFileRecords:
     async def get(self, session_id: str, filename: str) -> FileRecord | None:
         return self.state.files.get((session_id, filename))
 
+    async def delete(self, session_id: str, filename: str) -> bool:
+        self.state.chat(session_id)
+        self.state.uploads.get(session_id, {}).pop(filename, None)
+        return self.state.files.pop((session_id, filename), None) is not None
+
     async def of_session(self, session_id: str) -> list[FileRecord]:
         mine = (f for f in self.state.files.values() if f.session_id == session_id)
         return sorted(mine, key=lambda f: f.filename)

@@ -30,7 +30,7 @@ class MemoryRunQueue:
     async def start(
         self,
         session_id: str,
-        content: str,
+        content: str | None,
         *,
         max_per_user: int,
         max_total: int,
@@ -45,8 +45,14 @@ class MemoryRunQueue:
             return "user_limit"
         if self.state.count_pending() >= max_total:
             return "total_limit"
+        if content is None:
+            asked = [m for m in self.state.messages.get(session_id, []) if m.role == "user"]
+            if not asked:
+                return "no_question"
+            question = asked[-1]
+        else:
+            question = self.state.append(session_id, "user", content, False)
         self.state.set_status(session_id, "PENDING", "starting")
-        question = self.state.append(session_id, "user", content, False)
         run = posted_run(
             question,
             chat.user_id,

@@ -10,7 +10,14 @@ from typing import Any, cast
 import sqlalchemy as sa
 
 from sandbank.errors import NotFound, SessionNotFound
-from sandbank.store.records import ChatSession, Message, Role, SessionStatus, next_timestamp
+from sandbank.store.records import (
+    TITLE_MAX,
+    ChatSession,
+    Message,
+    Role,
+    SessionStatus,
+    next_timestamp,
+)
 from sandbank.store.schema import messages, sessions
 from sandbank.store.sql.database import Conn, Database, every, one, scalar_int
 
@@ -39,16 +46,23 @@ class SqlChats:
         return chat
 
     async def get(self, session_id: str) -> ChatSession | None:
-        row = await self.db.read(one(sa.select(sessions).where(sessions.c.id == session_id)))
+        row = await self.db.read(one(_titled().where(sessions.c.id == session_id)))
         return None if row is None else _chat(row)
 
     async def of_user(self, user_id: str) -> list[ChatSession]:
         query = (
-            sa.select(sessions)
-            .where(sessions.c.user_id == user_id)
-            .order_by(sessions.c.created_at.desc())
+            _titled().where(sessions.c.user_id == user_id).order_by(sessions.c.created_at.desc())
         )
         return [_chat(r) for r in await self.db.read(every(query))]
+
+    async def rename(self, session_id: str, title: str | None) -> None:
+        update = sa.update(sessions).where(sessions.c.id == session_id).values(title=title)
+
+        def rename(conn: Conn) -> None:
+            if not conn.execute(update).rowcount:
+                raise SessionNotFound(f"no session {session_id}")
+
+        await self.db.write(rename)
 
     async def count(self, user_id: str) -> int:
         query = sa.select(sa.func.count()).where(sessions.c.user_id == user_id)
@@ -132,6 +146,22 @@ def insert_message(
     return Message(session_id, stamp, role, content, internal)
 
 
+def _titled() -> sa.Select[Any]:
+    """The chats with their shown title: the given name, else the first question."""
+    first_question = (
+        sa.select(sa.func.substr(messages.c.content, 1, TITLE_MAX))
+        .where(messages.c.session_id == sessions.c.id, messages.c.role == "user")
+        .order_by(messages.c.timestamp)
+        .limit(1)
+        .scalar_subquery()
+    )
+    shown = sa.func.coalesce(sessions.c.title, first_question).label("shown_title")
+    return sa.select(sessions, shown)
+
+
 def _chat(row: sa.Row[Any]) -> ChatSession:
     status = cast(SessionStatus, row.status)
-    return ChatSession(row.id, row.user_id, status, row.status_message, row.created_at, row.ttl)
+    title = row._mapping.get("shown_title", row.title)
+    return ChatSession(
+        row.id, row.user_id, status, row.status_message, row.created_at, row.ttl, title
+    )

@@ -42,6 +42,22 @@ class SqlFileRecords:
         row = await self.db.read(one(query))
         return None if row is None else _record(row)
 
+    async def delete(self, session_id: str, filename: str) -> bool:
+        def delete(conn: Conn) -> bool:
+            lock_chat(conn, session_id)
+            conn.execute(
+                sa.delete(pending_uploads).where(
+                    pending_uploads.c.session_id == session_id,
+                    pending_uploads.c.filename == filename,
+                )
+            )
+            gone = sa.delete(files).where(
+                files.c.session_id == session_id, files.c.filename == filename
+            )
+            return bool(conn.execute(gone).rowcount)
+
+        return await self.db.write(delete)
+
     async def of_session(self, session_id: str) -> list[FileRecord]:
         query = sa.select(files).where(files.c.session_id == session_id).order_by(files.c.filename)
         return [_record(r) for r in await self.db.read(every(query))]

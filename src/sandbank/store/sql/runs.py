@@ -42,7 +42,7 @@ class SqlRunQueue:
     async def start(
         self,
         session_id: str,
-        content: str,
+        content: str | None,
         *,
         max_per_user: int,
         max_total: int,
@@ -68,8 +68,19 @@ class SqlRunQueue:
                 return "user_limit"
             if int(conn.execute(pending).scalar() or 0) >= max_total:
                 return "total_limit"
+            if content is None:
+                row = conn.execute(
+                    sa.select(messages.c.timestamp, messages.c.content)
+                    .where(messages.c.session_id == session_id, messages.c.role == "user")
+                    .order_by(messages.c.timestamp.desc())
+                    .limit(1)
+                ).first()
+                if row is None:
+                    return "no_question"
+                question = Message(session_id, row.timestamp, "user", row.content, False)
+            else:
+                question = insert_message(conn, session_id, last, "user", content, False)
             set_status(conn, session_id, "PENDING", "starting")
-            question = insert_message(conn, session_id, last, "user", content, False)
             run = posted_run(
                 question,
                 chat.user_id,

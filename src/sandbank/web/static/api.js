@@ -78,11 +78,15 @@ export const sessions = {
   create: () => call("POST", "/sessions"),
   get: (sid) => call("GET", sessionPath(sid)),
   remove: (sid) => call("DELETE", sessionPath(sid)),
+  rename: (sid, title) => call("PATCH", sessionPath(sid), { body: { title } }),
   cancel: (sid) => call("POST", `${sessionPath(sid)}/cancel`),
   ask: (sid, content) => call("POST", `${sessionPath(sid)}/messages`, { body: { content } }),
+  askAgain: (sid) => call("POST", `${sessionPath(sid)}/retry`),
   messages: (sid, from) =>
     call("GET", `${sessionPath(sid)}/messages`, { query: from === null ? {} : { from } }),
   files: (sid) => call("GET", `${sessionPath(sid)}/files`),
+  deleteFile: (sid, filename) =>
+    call("DELETE", `${sessionPath(sid)}/files`, { query: { filename } }),
   uploadForm: (sid, filename) =>
     call("GET", `${sessionPath(sid)}/files/upload`, { query: { filename } }),
   downloadUrl: async (sid, filename) =>

@@ -8,10 +8,20 @@ import { codeBlock, linkedFile, renderMarkdown } from "./render.js";
 const POLL_MS = 1000;
 const main = document.getElementById("main");
 const signOutButton = document.getElementById("sign-out");
+const notice = document.getElementById("assistant-notice");
 const TITLE_CHARS = 60;
 const CANCELLED = "cancelled";
-// From /ui/config.json: whether to ask for a key, and the sessions' time to live.
-const state = { trusted: false, view: null, config: { sign_in: true, session_ttl_seconds: 0 } };
+const ASSISTANT_RECHECK_MS = 10_000; // while the assistant cannot answer, asked again this often
+// error_code of the answers saying the assistant cannot answer now (no model, or unreachable).
+const ASSISTANT_DOWN = new Set([1101, 1102, 1106]);
+// From /ui/config.json: whether to ask for a key, the sessions' time to live, and whether the
+// assistant can answer (if not, what the operator must set).
+const state = {
+  trusted: false,
+  view: null,
+  config: { sign_in: true, session_ttl_seconds: 0, assistant: null },
+  recheck: null,
+};
 
 /** An element: string children become text nodes, `on*` props listeners. */
 function h(tag, props = {}, ...children) {
@@ -29,7 +39,6 @@ function h(tag, props = {}, ...children) {
 }
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-const shortId = (sid) => sid.slice(0, 8);
 
 function sizeText(bytes) {
   if (bytes < 1024) return `${bytes} B`;
@@ -58,10 +67,35 @@ function statusBadge(session, asked) {
   return h("span", { class: `badge status-${status.toLowerCase()}` }, status);
 }
 
-/** A session's title: its first question on one line, shortened. */
+/** A session's title (its given name, else its first question) on one line, shortened. */
 function titleOf(question) {
   const text = question.replace(/\s+/g, " ").trim();
   return text.length <= TITLE_CHARS ? text : `${text.slice(0, TITLE_CHARS - 1).trimEnd()}…`;
+}
+
+/** What the page is called: the session's title, or "New session" before its first question. */
+function showTitle(title) {
+  document.title = title ? `${titleOf(title)} · Sandbank` : "Sandbank";
+}
+
+/** The assistant's state from the server (config.json), shown above every view when it cannot
+ * answer; asked again every few seconds until it can. */
+function showAssistant(assistant) {
+  state.config.assistant = assistant;
+  const down = assistant && assistant.available === false;
+  notice.textContent = down ? assistant.message : "";
+  notice.hidden = !down;
+  clearTimeout(state.recheck);
+  if (down) state.recheck = setTimeout(() => loadConfig(), ASSISTANT_RECHECK_MS);
+}
+
+/** An answer saying the assistant cannot answer now: the notice says it too, at once. */
+function noteAssistantDown(error) {
+  if (error instanceof api.ApiError && ASSISTANT_DOWN.has(error.code)) {
+    showAssistant({ available: false, message: error.message });
+    return true;
+  }
+  return false;
 }
 
 /** When a session was made: the API's `created_at` if it gives one, else its ttl less the TTL. */
@@ -173,6 +207,7 @@ window.addEventListener("hashchange", () => {
 
 class SessionsView {
   constructor() {
+    showTitle(null);
     this.box = alertBox();
     this.list = h("ul", { class: "session-list" });
     this.create = h("button", { type: "button", onclick: () => this.newSession() }, "New session");
@@ -194,21 +229,10 @@ class SessionsView {
   async load() {
     try {
       const sessions = await api.sessions.list();
-      // The list has no titles: each session's first question is read from its messages.
-      const firsts = await Promise.all(sessions.map((s) => this.firstQuestion(s.session_id)));
-      this.show(sessions.map((s, i) => ({ session: s, question: firsts[i] })));
+      // Each session's title is its given name, else its first question (null before one).
+      this.show(sessions.map((s) => ({ session: s, question: s.title ?? null })));
     } catch (error) {
       handleFatal(error, this.box);
-    }
-  }
-
-  async firstQuestion(sid) {
-    try {
-      const messages = await api.sessions.messages(sid, null);
-      return messages.find((m) => m.role === "user")?.content ?? null;
-    } catch (error) {
-      if (needsSignIn(error)) throw error;
-      return null; // deleted meanwhile: the row still shows, untitled
     }
   }
 
@@ -252,7 +276,7 @@ class SessionsView {
         { href: `#/sessions/${session.session_id}`, class: "open" },
         question === null ? h("span", { class: "title muted" }, "New session") : h("span", { class: "title" }, titleOf(question)),
       ),
-      statusBadge(session, question !== null),
+      statusBadge(session, question !== null || session.status !== "DONE"),
       h("span", { class: "muted" }, statusOf(session, true) === "ERROR" && session.status_message ? session.status_message : ""),
       h("time", { class: "created muted", datetime: new Date(createdOf(session) * 1000).toISOString() }, `created ${new Date(createdOf(session) * 1000).toLocaleString()}`),
       h("span", { class: "expiry muted" }, expiryText(session.ttl)),
@@ -330,7 +354,7 @@ class SessionView {
     });
     this.askButton = h("button", { type: "submit" }, "Ask");
     this.cancelButton = h("button", { type: "button", class: "secondary danger", hidden: true, onclick: () => this.cancel() }, "Cancel run");
-    this.retryButton = h("button", { type: "button", class: "secondary", hidden: true, onclick: () => this.ask(this.lastQuestion) }, "Ask again");
+    this.retryButton = h("button", { type: "button", class: "secondary", hidden: true, onclick: () => this.askAgain() }, "Ask again");
     this.form = h(
       "form",
       { class: "ask" },
@@ -352,23 +376,26 @@ class SessionView {
         this.download(name);
       }
     });
+    this.heading = h("h1", { tabindex: "-1" }, "New session");
+    this.renameButton = h("button", { type: "button", class: "secondary small", onclick: () => this.startRename() }, "Rename");
+    this.titleRow = h("div", { class: "title-row" }, this.heading, this.renameButton, this.badge, this.expiry);
+    this.chats = h("ul", { class: "chat-list" });
     main.replaceChildren(
       h(
         "section",
         { class: "session" },
         h("nav", {}, h("a", { href: "#/" }, "← All sessions")),
-        h(
-          "div",
-          { class: "title-row" },
-          h("h1", { tabindex: "-1" }, "Session ", h("code", {}, shortId(this.sid))),
-          this.badge,
-          this.expiry,
-        ),
+        this.titleRow,
         this.box,
         h(
           "div",
           { class: "layout" },
-          h("aside", { class: "files card" }, h("h2", {}, "Files"), drop, this.uploads, this.fileList),
+          h(
+            "aside",
+            { class: "side" },
+            h("nav", { class: "chats card", "aria-label": "Your sessions" }, h("h2", {}, "Your sessions"), this.chats),
+            h("section", { class: "files card", "aria-label": "Files" }, h("h2", {}, "Files"), drop, this.uploads, this.fileList),
+          ),
           h(
             "div",
             { class: "chat" },
@@ -384,6 +411,7 @@ class SessionView {
   }
 
   async load() {
+    this.loadChats();
     try {
       const [session] = await Promise.all([api.sessions.get(this.sid), this.refreshFiles()]);
       await this.fetchMessages();
@@ -397,8 +425,82 @@ class SessionView {
     }
   }
 
+  /** The user's other sessions, to go back to one (this one marked). */
+  async loadChats() {
+    let sessions;
+    try {
+      sessions = await api.sessions.list();
+    } catch (error) {
+      if (needsSignIn(error)) handleFatal(error, this.box);
+      return; // the list is a convenience: the session itself still works
+    }
+    if (!this.alive) return;
+    sessions.sort((a, b) => createdOf(b) - createdOf(a));
+    const current = (s) => s.session_id === this.sid;
+    this.chats.replaceChildren(
+      ...sessions.map((s) =>
+        h(
+          "li",
+          { "data-session": s.session_id },
+          h(
+            "a",
+            { href: `#/sessions/${s.session_id}`, "aria-current": current(s) ? "page" : null, class: s.title ? null : "muted" },
+            s.title ? titleOf(s.title) : "New session",
+          ),
+        ),
+      ),
+    );
+  }
+
+  /** The heading, the tab's title and this session's entry in the list follow its title. */
+  showTitle(title) {
+    this.title = title;
+    this.heading.textContent = title ? titleOf(title) : "New session";
+    if (title) this.heading.title = title;
+    showTitle(title);
+    const link = this.chats.querySelector(`li[data-session="${this.sid}"] a`);
+    if (link) {
+      link.textContent = title ? titleOf(title) : "New session";
+      link.classList.toggle("muted", !title);
+    }
+  }
+
+  startRename() {
+    const input = h("input", { type: "text", value: this.title ?? "", maxlength: "200", "aria-label": "Session name", class: "rename-input" });
+    const save = h("button", { type: "submit", class: "small" }, "Save");
+    const cancel = h("button", { type: "button", class: "secondary small" }, "Cancel");
+    const form = h("form", { class: "rename" }, input, save, cancel);
+    const done = () => {
+      form.replaceWith(this.heading);
+      this.renameButton.hidden = false;
+      this.renameButton.focus();
+    };
+    cancel.addEventListener("click", done);
+    input.addEventListener("keydown", (event) => {
+      if (event.key === "Escape") done();
+    });
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      save.disabled = true;
+      try {
+        // A blank name gives the session its first question back as its title.
+        const session = await api.sessions.rename(this.sid, input.value.trim() || null);
+        this.showTitle(session.title ?? null);
+        done();
+      } catch (error) {
+        handleFatal(error, this.box);
+        save.disabled = false;
+      }
+    });
+    this.heading.replaceWith(form);
+    this.renameButton.hidden = true;
+    input.focus();
+    input.select();
+  }
+
   showSession(session) {
     this.session = session;
+    if (session.title !== undefined || this.title === undefined) this.showTitle(session.title ?? null);
     const status = statusOf(session, this.lastQuestion !== null);
     this.badge.replaceWith((this.badge = statusBadge(session, this.lastQuestion !== null)));
     this.expiry.textContent = expiryText(session.ttl);
@@ -409,6 +511,8 @@ class SessionView {
     else if (status === "CANCELLED") this.statusLine.textContent = "Cancelled.";
     else if (status === "ERROR") this.statusLine.textContent = `The run ended with an error: ${session.status_message || "unknown error"}`;
     else this.statusLine.textContent = "";
+    // A run that found the model unreachable: the notice above says so and what to set.
+    if (status === "ERROR" && /cannot be reached/.test(session.status_message ?? "")) loadConfig();
     this.setBusy(pending);
     this.retryButton.hidden = pending || !(status === "ERROR" || status === "CANCELLED") || this.lastQuestion === null;
   }
@@ -458,7 +562,10 @@ class SessionView {
       if (event === "text") this.draft(data.step, data.text);
       else if (event === "message") this.addMessages([data]);
       else if (event === "status") this.showSession(data);
-      else if (event === "end") return data.reason;
+      else if (event === "end") {
+        if (data.reason === "shutdown") this.statusLine.textContent = "The server is restarting; the answer goes on once it is back…";
+        return data.reason;
+      }
     }
     return null;
   }
@@ -505,7 +612,8 @@ class SessionView {
           showAlert(this.box, "");
         } catch (error) {
           if (error.status === 404 || needsSignIn(error)) return handleFatal(error, this.box);
-          showAlert(this.box, `${error.message} (retrying)`);
+          const restarting = error.status === 0 || error.status === 502 || error.status === 503;
+          showAlert(this.box, restarting ? "The server is restarting or cannot be reached; retrying…" : `${error.message} (retrying)`);
         }
       }
     } finally {
@@ -549,6 +657,7 @@ class SessionView {
     const item = h("li", { class: classes.join(" "), title: when });
     if (message.role === "user") {
       this.lastQuestion = message.content;
+      if (!this.title) this.showTitle(message.content);
       item.append(h("div", { class: "bubble" }, message.content));
     } else if (message.role === "assistant") {
       if (message.internal) item.append(h("p", { class: "label" }, "Note"));
@@ -565,22 +674,36 @@ class SessionView {
     return item;
   }
 
-  /** Posts the question typed, or `again` (the last one, retried without retyping). */
-  async ask(again = null) {
-    const content = again ?? this.question.value.trim();
+  /** Posts the question typed. */
+  async ask() {
+    const content = this.question.value.trim();
     if (!content) return;
+    await this.start(async () => {
+      const message = await api.sessions.ask(this.sid, content);
+      this.question.value = "";
+      this.addMessages([message]);
+    });
+  }
+
+  /** Runs the latest question again, in place: the conversation keeps it once. */
+  async askAgain() {
+    await this.start(() => api.sessions.askAgain(this.sid));
+  }
+
+  async start(post) {
     this.setBusy(true);
     showAlert(this.box, "");
     try {
-      const message = await api.sessions.ask(this.sid, content);
-      if (again === null) this.question.value = "";
-      this.addMessages([message]);
+      await post();
       // Badge and status line change together, before the first poll.
       this.showSession({ ...this.session, status: "PENDING", status_message: "pending" });
       this.watch();
     } catch (error) {
-      handleFatal(error, this.box);
+      // The notice above says what is wrong and what the operator must set; once is enough.
+      if (noteAssistantDown(error)) showAlert(this.box, "Not sent: the assistant cannot answer now (see above). Your question is kept here.");
+      else handleFatal(error, this.box);
       this.setBusy(false);
+      this.retryButton.hidden = this.retryButton.hidden && this.lastQuestion === null;
     }
   }
 
@@ -608,21 +731,90 @@ class SessionView {
       ...files.map((f) =>
         h(
           "li",
-          { class: "file" },
+          { class: "file", "data-file": f.filename },
           h("button", { type: "button", class: "link download", "data-name": f.filename, onclick: () => this.download(f.filename) }, f.filename),
           h("span", { class: "muted" }, ` ${sizeText(f.size)} · ${f.origin === "user" ? "uploaded" : "produced"}`),
+          this.deleteButton(f.filename),
         ),
       ),
     );
   }
 
+  /** A file's Delete button: a second click confirms (as for sessions). */
+  deleteButton(name) {
+    const button = h("button", { type: "button", class: "link danger delete-file", "aria-label": `Delete ${name}` }, "Delete");
+    let armed = false;
+    button.addEventListener("click", async () => {
+      if (!armed) {
+        armed = true;
+        button.textContent = "Confirm delete";
+        return;
+      }
+      button.disabled = true;
+      try {
+        await api.sessions.deleteFile(this.sid, name);
+        await this.refreshFiles();
+      } catch (error) {
+        handleFatal(error, this.box);
+        button.disabled = false;
+      }
+    });
+    button.addEventListener("blur", () => {
+      armed = false;
+      button.textContent = "Delete";
+    });
+    return button;
+  }
+
   async uploadAll(files) {
-    for (const file of files) await this.uploadOne(file);
+    for (const file of files) {
+      let chosen = file;
+      if (this.files.has(file.name)) {
+        const choice = await this.askAboutExisting(file);
+        if (choice === "skip") continue;
+        if (choice === "keep") chosen = new File([file], this.freeName(file.name), { type: file.type });
+      }
+      await this.uploadOne(chosen);
+      // The next file of the same name is compared with this one too.
+      this.files.set(chosen.name, { filename: chosen.name, size: chosen.size, origin: "user" });
+    }
     try {
       await this.refreshFiles();
     } catch (error) {
       handleFatal(error, this.box);
     }
+  }
+
+  /** `data.csv` → `data-2.csv` (or -3, ...): a name no file of the session has. */
+  freeName(name) {
+    const dot = name.lastIndexOf(".");
+    const [stem, ext] = dot > 0 ? [name.slice(0, dot), name.slice(dot)] : [name, ""];
+    let n = 2;
+    while (this.files.has(`${stem}-${n}${ext}`)) n++;
+    return `${stem}-${n}${ext}`;
+  }
+
+  /** A file of that name is here already: replace it, keep both, or leave it. */
+  askAboutExisting(file) {
+    return new Promise((resolve) => {
+      const other = this.freeName(file.name);
+      const answer = (choice) => {
+        item.remove();
+        resolve(choice);
+      };
+      const replace = h("button", { type: "button", class: "small", onclick: () => answer("replace") }, "Replace");
+      const keep = h("button", { type: "button", class: "secondary small", onclick: () => answer("keep") }, `Keep both (as ${other})`);
+      const skip = h("button", { type: "button", class: "secondary small", onclick: () => answer("skip") }, "Don't upload");
+      const item = h(
+        "li",
+        { class: "upload conflict", role: "alert" },
+        h("strong", {}, file.name),
+        " is already in this session.",
+        h("span", { class: "choices" }, replace, keep, skip),
+      );
+      this.uploads.append(item);
+      keep.focus();
+    });
   }
 
   async uploadOne(file) {
@@ -749,6 +941,7 @@ async function loadConfig() {
   } catch {
     // Unreachable: the sign-in form will say so when it is used.
   }
+  showAssistant(state.config.assistant);
 }
 
 async function boot() {

@@ -29,18 +29,21 @@ export function sanitizeHtml(html) {
   // applies (a DOMParser document would still apply the page's CSP to its <style>s, and
   // report each as a violation). Its nodes are only read, never inserted.
   const template = document.createElement("template");
-  template.innerHTML = renameHandlers(String(html));
+  template.innerHTML = renameInline(String(html));
   const fragment = document.createDocumentFragment();
   copyChildren(template.content, fragment, 0);
   return fragment;
 }
 
-/** `onclick=` and the like renamed in every tag before parsing: the parser would have the page's
- * CSP refuse each (reporting a violation each time) though none could ever run. Only noise
- * goes: the allow-list below is what keeps them out, whatever this misses. */
-function renameHandlers(html) {
+/** `onclick=`, `style=` and the like renamed in every tag before parsing: the parser would have
+ * the page's CSP refuse each (a console error each time: pandas puts `style="text-align:
+ * right;"` on every table) though none could ever apply. Only noise goes: the allow-list below
+ * is what keeps them out, whatever this misses. */
+function renameInline(html) {
   return html.replace(/<[a-z][^>]*>/gi, (tag) =>
-    tag.replace(/([\s/"'])on(?=[a-z-]*\s*(?:=|[\s/>]))/gi, "$1data-sb-on"),
+    tag
+      .replace(/([\s/"'])on(?=[a-z-]*\s*(?:=|[\s/>]))/gi, "$1data-sb-on")
+      .replace(/([\s/"'])style(?=\s*(?:=|[\s/>]))/gi, "$1data-sb-style"),
   );
 }
 
