@@ -9,17 +9,17 @@ import pytest
 import yaml
 
 import tests.execapi.test_conformance as single_server
+import tests.execapi.test_http_contract as http_contract
 from tests.execapi.conftest import SPEC_PATH, client, contract, session_id
 from tests.fleet.support import LoopbackFleet, scratch_dir
 from tests.tiers import needs
 
 __all__ = ["client", "contract", "session_id"]  # the suite's fixtures, used here too
 
-# Every test of the single-server suite, unchanged; the cap test starts a server of its own.
-SKIPPED = {"test_put_file_over_the_cap_is_413_and_nothing_is_written"}
-globals().update(
-    {k: v for k, v in vars(single_server).items() if k.startswith("test_") and k not in SKIPPED}
-)
+# Every test of the single-server suite, unchanged: those of real execution and those of the
+# HTTP contract (which tests/execapi runs over fakes).
+for suite in (single_server, http_contract):
+    globals().update({k: v for k, v in vars(suite).items() if k.startswith("test_")})
 
 
 @pytest.fixture(scope="module")

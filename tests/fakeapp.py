@@ -1,0 +1,169 @@
+"""The whole server in-process over fakes, driven by Starlette's TestClient: no root, no process.
+
+`FakeApp` is `create_app` handed sandboxes on the fake backend (they run nothing: each call is
+answered by `canned`, which knows a few programs the HTTP tests send, by their text), a model the
+test scripts (`ScriptedModel`), and the default SQLite database and local object store in a
+temporary directory (real, and fast). What is tested over it is the HTTP layer of both APIs:
+shapes, status codes, auth, limits, framing, error bodies. Real execution is the root tier's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from starlette.testclient import TestClient
+
+from sandbank.agent.model import ChatMessage, ModelReply, ToolSpec, UserMessage
+from sandbank.agent.scripted import ScriptedModel, answer
+from sandbank.app import create_app
+from sandbank.config import Settings
+from sandbank.protocol.calls import BashCall, EditorCall, ExecResult, PythonCall, ToolCall
+from sandbank.sandbox.backends.base import new_sandbox_id
+from sandbank.sandbox.backends.fake import FakeBackend, FakeSandbox
+from sandbank.sandbox.local import LocalSandboxes
+from sandbank.store import Store
+
+BASE_URL = "http://localhost"  # a host of the default SANDBANK_ALLOWED_HOSTS
+T = TypeVar("T")
+
+_PRINT = re.compile(r"print\((-?\d+|'[^'\\]*')\)")
+_ECHO = re.compile(r"echo (\w+)")
+_SLEEP = re.compile(r"time\.sleep\((\d+(?:\.\d+)?)\)")
+_EXIT = re.compile(r"raise SystemExit\((\d+)\)")
+_RAISE = re.compile(r"raise (\w+)\('([^']*)'\)")
+
+# What a program that printed more than `output_limit_bytes` gets (sandbox/inside's marker).
+CUT = "\n[output truncated: {} more bytes not shown]\n"
+
+
+async def canned(call: ToolCall, workspace: Path) -> ExecResult:
+    """The fake's answer to the programs the HTTP tests send (never a real execution).
+
+    `print(N)` and `print('text')` print, `echo WORD` echoes it, `raise SystemExit(N)` exits N, `raise E('m')`
+    fails with a traceback, `time.sleep(S)` sleeps (so deadlines and destroys cut it), the
+    editor's `create` writes its file; anything else succeeds with no output.
+    """
+    if isinstance(call, EditorCall):
+        if call.command == "create" and call.file_text is not None:
+            (workspace / call.path.removeprefix("/workspace/")).write_text(call.file_text)
+        return ExecResult()
+    text = call.code if isinstance(call, PythonCall) else call.command
+    if sleep := _SLEEP.search(text):
+        await asyncio.sleep(float(sleep.group(1)))
+    if isinstance(call, BashCall):
+        echoed = _ECHO.fullmatch(text.strip())
+        return ExecResult(stdout=f"{echoed.group(1)}\n" if echoed else "")
+    if printed := _PRINT.fullmatch(text.strip()):
+        return ExecResult(stdout=f"{printed.group(1).strip(chr(39))}\n")
+    if exited := _EXIT.fullmatch(text.strip()):
+        return ExecResult(return_code=int(exited.group(1)))
+    if raised := _RAISE.fullmatch(text.strip()):
+        name, message = raised.groups()
+        trace = f'Traceback (most recent call last):\n  File "<cell>", line 1\n{name}: {message}\n'
+        return ExecResult(stderr=trace, return_code=1)
+    return ExecResult()
+
+
+Answer = Callable[[ToolCall, Path], Awaitable[ExecResult]]
+
+
+class CannedBackend(FakeBackend):
+    """The fake backend, each sandbox answering with `answer(call, its workspace)`."""
+
+    def __init__(self, settings: Settings, answer: Answer = canned) -> None:
+        super().__init__(settings)
+        self.answer = answer
+
+    def new(self, preimport: bool) -> FakeSandbox:
+        sandbox_id = new_sandbox_id()
+        workspace = self.base_dir / sandbox_id / "ws"
+
+        def handler(call: ToolCall) -> Awaitable[ExecResult]:
+            return self.answer(call, workspace)
+
+        sandbox = FakeSandbox(sandbox_id, self.base_dir, handler)
+        self.sandboxes.append(sandbox)
+        return sandbox
+
+
+def chat(messages: list[ChatMessage], tools: list[ToolSpec]) -> ModelReply:
+    """A model for the interpreter API's HTTP tests: answers "Hello" to a question, and runs a
+    long program for one that says "sleep" (a run that stays in progress until stopped)."""
+    question = next(m.content for m in reversed(messages) if isinstance(m, UserMessage))
+    if "sleep" in question.lower() and not any(m.role == "tool" for m in messages[-1:]):
+        from sandbank.agent.scripted import run_python
+
+        return run_python("import time; time.sleep(600)")
+    return answer("Hello")
+
+
+# Test-sized settings: the fake backend ignores the sandbox limits; these are what the HTTP
+# layer reads.
+DEFAULTS: dict[str, Any] = {"pool_size": 0, "log_level": "warning", "run_poll_seconds": 0.05}
+
+
+class FakeApp:
+    """One app over fakes in a scratch directory; `client()` drives it (the lifespan runs)."""
+
+    def __init__(
+        self,
+        answer: Answer = canned,
+        model: ScriptedModel | None = None,
+        **overrides: Any,
+    ) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="sandbank-fake-"))
+        self.settings = Settings(data_dir=self.dir, **{**DEFAULTS, **overrides})
+        self.backend = CannedBackend(self.settings, answer)
+        self.sandboxes = LocalSandboxes(self.settings, self.backend)
+        self.model = model or ScriptedModel(chat)
+        self.app = create_app(self.settings, sandboxes=self.sandboxes, model=self.model)
+        self.http: TestClient | None = None
+
+    @property
+    def store(self) -> Store:
+        interpreter = self.app.state.services.interpreter
+        assert interpreter is not None
+        store: Store = interpreter.store
+        return store
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[TestClient]:
+        """The app started (its lifespan run) and a client to it; everything removed after."""
+        try:
+            with TestClient(self.app, base_url=BASE_URL) as http:
+                self.http = http
+                yield http
+        finally:
+            self.http = None
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run a coroutine function on the app's event loop (its store lives there)."""
+        assert self.http is not None and self.http.portal is not None, "use `running()`"
+        return self.http.portal.call(fn, *args)
+
+    def workspace(self, exec_session_id: str) -> Path:
+        """Where a code-execution session's files are (the fake keeps a real directory)."""
+        session = next(s for s in self.sandboxes.sessions() if s.id == exec_session_id)
+        return session.sandbox.workspace
+
+    def new_user(self, name: str | None = None) -> tuple[str, str]:
+        """A user and an API key of theirs (what `sandbank users create` does)."""
+        name = name or f"u{uuid.uuid4().hex[:8]}"
+        self.call(self.store.accounts.create_user, name)
+        _, secret = self.call(self.store.accounts.create_key, name)
+        return name, secret
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        """Another client of the running app (its headers its own), as a second browser."""
+        assert self.http is not None, "use `running()`"
+        return httpx.Client(base_url=BASE_URL, transport=self.http._transport, **kwargs)
