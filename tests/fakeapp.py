@@ -26,6 +26,7 @@ from sandbank.agent.model import ChatMessage, ModelReply, ToolSpec, UserMessage
 from sandbank.agent.scripted import ScriptedModel, answer
 from sandbank.app import create_app
 from sandbank.config import Settings
+from sandbank.metrics import SandboxHooks
 from sandbank.protocol.calls import BashCall, EditorCall, ExecResult, PythonCall, ToolCall
 from sandbank.sandbox.backends.base import new_sandbox_id
 from sandbank.sandbox.backends.fake import FakeBackend, FakeSandbox
@@ -126,6 +127,8 @@ class FakeApp:
         self.sandboxes = LocalSandboxes(self.settings, self.backend)
         self.model = model or ScriptedModel(chat)
         self.app = create_app(self.settings, sandboxes=self.sandboxes, model=self.model)
+        # As when the app builds its own: the sandboxes report to the app's metrics.
+        self.sandboxes.hooks = SandboxHooks(self.app.state.services.metrics)
         self.http: TestClient | None = None
 
     @property
@@ -163,7 +166,14 @@ class FakeApp:
         _, secret = self.call(self.store.accounts.create_key, name)
         return name, secret
 
-    def client(self, **kwargs: Any) -> httpx.Client:
-        """Another client of the running app (its headers its own), as a second browser."""
+    @contextlib.contextmanager
+    def client(self, **kwargs: Any) -> Iterator[TestClient]:
+        """Another client of the running app, with headers of its own (a second browser)."""
         assert self.http is not None, "use `running()`"
-        return httpx.Client(base_url=BASE_URL, transport=self.http._transport, **kwargs)
+        other = TestClient(self.app, base_url=BASE_URL, **kwargs)
+        other.portal = self.http.portal  # the running app's loop, not a lifespan of its own
+        try:
+            yield other
+        finally:
+            other.portal = None
+            other.close()
