@@ -19,11 +19,16 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
 from starlette.testclient import TestClient
 
-from sandbank.agent.model import ChatMessage, ModelReply, ToolSpec, UserMessage
-from sandbank.agent.scripted import ScriptedModel, answer
+from sandbank.agent.model import (
+    ChatMessage,
+    ModelReply,
+    ToolResultMessage,
+    ToolSpec,
+    UserMessage,
+)
+from sandbank.agent.scripted import ScriptedModel, answer, run_python
 from sandbank.app import create_app
 from sandbank.config import Settings
 from sandbank.metrics import SandboxHooks
@@ -34,6 +39,7 @@ from sandbank.sandbox.local import LocalSandboxes
 from sandbank.store import Store
 
 BASE_URL = "http://localhost"  # a host of the default SANDBANK_ALLOWED_HOSTS
+CLIENT = ("127.0.0.1", 50000)  # requests come from loopback, as in the real-server tests
 T = TypeVar("T")
 
 _PRINT = re.compile(r"print\((-?\d+|'[^'\\]*')\)")
@@ -42,6 +48,7 @@ _SLEEP = re.compile(r"time\.sleep\((\d+(?:\.\d+)?)\)")
 _EXIT = re.compile(r"raise SystemExit\((\d+)\)")
 _RAISE = re.compile(r"raise (\w+)\('([^']*)'\)")
 
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32  # the start of a PNG file, as a chart's would be
 # What a program that printed more than `output_limit_bytes` gets (sandbox/inside's marker).
 CUT = "\n[output truncated: {} more bytes not shown]\n"
 
@@ -58,6 +65,9 @@ async def canned(call: ToolCall, workspace: Path) -> ExecResult:
             (workspace / call.path.removeprefix("/workspace/")).write_text(call.file_text)
         return ExecResult()
     text = call.code if isinstance(call, PythonCall) else call.command
+    if text == "chart":  # what CHART_CODE does to data.csv, for the interpreter API's tests
+        (workspace / "chart.png").write_bytes(PNG)
+        return ExecResult(stdout="TOTAL 42\n", files=["chart.png"])
     if sleep := _SLEEP.search(text):
         await asyncio.sleep(float(sleep.group(1)))
     if isinstance(call, BashCall):
@@ -96,20 +106,34 @@ class CannedBackend(FakeBackend):
         return sandbox
 
 
-def chat(messages: list[ChatMessage], tools: list[ToolSpec]) -> ModelReply:
-    """A model for the interpreter API's HTTP tests: answers "Hello" to a question, and runs a
-    long program for one that says "sleep" (a run that stays in progress until stopped)."""
-    question = next(m.content for m in reversed(messages) if isinstance(m, UserMessage))
-    if "sleep" in question.lower() and not any(m.role == "tool" for m in messages[-1:]):
-        from sandbank.agent.scripted import run_python
+# Keyword in the question → the program the scripted model runs (as tests/interpreter/fake_llm.py
+# has it, for the programs `canned` knows), and the answer it then gives.
+PROGRAMS = {"sleep": "import time; time.sleep(600)", "chart": "chart"}
+SLOW_ANSWER = "Counting " + " ".join(f"w{i}" for i in range(1, 15)) + " done."
 
-        return run_python("import time; time.sleep(600)")
-    return answer("Hello")
+
+def chat(messages: list[ChatMessage], tools: list[ToolSpec]) -> ModelReply:
+    """A scripted model for the interpreter API's tests: a question with a keyword of `PROGRAMS`
+    runs its program, and the answer quotes the tool's output ("Result: ..."); "slowly" is
+    answered with `SLOW_ANSWER`; anything else with "Hello from the fake model."."""
+    last = messages[-1]
+    if isinstance(last, ToolResultMessage):
+        return answer(f"Result: {last.content}")
+    question = last.content.lower() if isinstance(last, UserMessage) else ""
+    program = next((code for word, code in PROGRAMS.items() if word in question), None)
+    if program is not None:
+        return run_python(program)
+    return answer(SLOW_ANSWER if "slowly" in question else "Hello from the fake model.")
 
 
 # Test-sized settings: the fake backend ignores the sandbox limits; these are what the HTTP
 # layer reads.
-DEFAULTS: dict[str, Any] = {"pool_size": 0, "log_level": "warning", "run_poll_seconds": 0.05}
+DEFAULTS: dict[str, Any] = {
+    "pool_size": 0,
+    "log_level": "warning",
+    "run_poll_seconds": 0.05,
+    "public_base_url": BASE_URL,  # presigned URLs lead back to the app
+}
 
 
 class FakeApp:
@@ -142,7 +166,7 @@ class FakeApp:
     def running(self) -> Iterator[TestClient]:
         """The app started (its lifespan run) and a client to it; everything removed after."""
         try:
-            with TestClient(self.app, base_url=BASE_URL) as http:
+            with TestClient(self.app, base_url=BASE_URL, client=CLIENT) as http:
                 self.http = http
                 yield http
         finally:
@@ -170,7 +194,7 @@ class FakeApp:
     def client(self, **kwargs: Any) -> Iterator[TestClient]:
         """Another client of the running app, with headers of its own (a second browser)."""
         assert self.http is not None, "use `running()`"
-        other = TestClient(self.app, base_url=BASE_URL, **kwargs)
+        other = TestClient(self.app, base_url=BASE_URL, client=CLIENT, **kwargs)
         other.portal = self.http.portal  # the running app's loop, not a lifespan of its own
         try:
             yield other
