@@ -14,11 +14,14 @@ import contextlib
 import re
 import shutil
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import uvicorn
 from starlette.testclient import TestClient
 
 from sandbank.agent.model import (
@@ -37,6 +40,7 @@ from sandbank.sandbox.backends.base import new_sandbox_id
 from sandbank.sandbox.backends.fake import FakeBackend, FakeSandbox
 from sandbank.sandbox.local import LocalSandboxes
 from sandbank.store import Store
+from tests.support import free_port
 
 BASE_URL = "http://localhost"  # a host of the default SANDBANK_ALLOWED_HOSTS
 CLIENT = ("127.0.0.1", 50000)  # requests come from loopback, as in the real-server tests
@@ -154,6 +158,7 @@ class FakeApp:
         # As when the app builds its own: the sandboxes report to the app's metrics.
         self.sandboxes.hooks = SandboxHooks(self.app.state.services.metrics)
         self.http: TestClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def store(self) -> Store:
@@ -173,8 +178,37 @@ class FakeApp:
             self.http = None
             shutil.rmtree(self.dir, ignore_errors=True)
 
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[str]:
+        """The app served by uvicorn on a loopback port, in a thread of this process: for
+        what TestClient cannot show (a response read as it is written, a client of its own
+        such as a fleet front). Yields its base URL."""
+        port = free_port()
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=port, log_config=None, lifespan="on"
+        )
+        server = uvicorn.Server(config)
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),))
+        thread.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not server.started:
+                assert thread.is_alive() and time.monotonic() < deadline, "did not start"
+                time.sleep(0.01)
+            self._loop = loop
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            self._loop = None
+            server.should_exit = True
+            thread.join(30)
+            loop.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
     def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run a coroutine function on the app's event loop (its store lives there)."""
+        if self._loop is not None:
+            return asyncio.run_coroutine_threadsafe(fn(*args), self._loop).result(30)
         assert self.http is not None and self.http.portal is not None, "use `running()`"
         return self.http.portal.call(fn, *args)
 
