@@ -1,4 +1,5 @@
-"""Contract v1 through a front: the code-execution conformance suite, pointed at a fleet."""
+"""Contract v1 through a real front and real nodes: the single-server tests of real execution,
+pointed at a fleet."""
 
 from __future__ import annotations
 
@@ -9,17 +10,15 @@ import pytest
 import yaml
 
 import tests.execapi.test_conformance as single_server
-import tests.execapi.test_http_contract as http_contract
 from tests.execapi.conftest import SPEC_PATH, client, contract, session_id
 from tests.fleet.support import LoopbackFleet, scratch_dir
 from tests.tiers import needs
 
 __all__ = ["client", "contract", "session_id"]  # the suite's fixtures, used here too
 
-# Every test of the single-server suite, unchanged: those of real execution and those of the
-# HTTP contract (which tests/execapi runs over fakes).
-for suite in (single_server, http_contract):
-    globals().update({k: v for k, v in vars(suite).items() if k.startswith("test_")})
+# Every test of real execution of the single-server suite, unchanged; the HTTP contract's
+# tests go through a front over fakes in test_http_contract.py.
+globals().update({k: v for k, v in vars(single_server).items() if k.startswith("test_")})
 
 
 @pytest.fixture(scope="module")
