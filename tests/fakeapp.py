@@ -69,6 +69,9 @@ async def canned(call: ToolCall, workspace: Path) -> ExecResult:
             (workspace / call.path.removeprefix("/workspace/")).write_text(call.file_text)
         return ExecResult()
     text = call.code if isinstance(call, PythonCall) else call.command
+    if text == "page":  # what PAGE_CODE does
+        (workspace / "page.html").write_text("<h1>made by the agent</h1>")
+        return ExecResult(stdout="wrote page.html\n", files=["page.html"])
     if text == "chart":  # what CHART_CODE does to data.csv, for the interpreter API's tests
         (workspace / "chart.png").write_bytes(PNG)
         return ExecResult(stdout="TOTAL 42\n", files=["chart.png"])
@@ -112,7 +115,7 @@ class CannedBackend(FakeBackend):
 
 # Keyword in the question → the program the scripted model runs (as tests/interpreter/fake_llm.py
 # has it, for the programs `canned` knows), and the answer it then gives.
-PROGRAMS = {"sleep": "import time; time.sleep(600)", "chart": "chart"}
+PROGRAMS = {"sleep": "import time; time.sleep(600)", "chart": "chart", "page": "page"}
 SLOW_ANSWER = "Counting " + " ".join(f"w{i}" for i in range(1, 15)) + " done."
 
 
@@ -141,19 +144,23 @@ DEFAULTS: dict[str, Any] = {
 
 
 class FakeApp:
-    """One app over fakes in a scratch directory; `client()` drives it (the lifespan runs)."""
+    """One app over fakes in a scratch directory; `running()` drives it with TestClient,
+    `serving()` serves it on loopback (either runs its lifespan)."""
 
     def __init__(
         self,
         answer: Answer = canned,
         model: ScriptedModel | None = None,
+        *,
+        configured_model: bool = False,
         **overrides: Any,
     ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="sandbank-fake-"))
         self.settings = Settings(data_dir=self.dir, **{**DEFAULTS, **overrides})
         self.backend = CannedBackend(self.settings, answer)
         self.sandboxes = LocalSandboxes(self.settings, self.backend)
-        self.model = model or ScriptedModel(chat)
+        # `configured_model`: the model the settings name (none here: questions are refused).
+        self.model = None if configured_model else model or ScriptedModel(chat)
         self.app = create_app(self.settings, sandboxes=self.sandboxes, model=self.model)
         # As when the app builds its own: the sandboxes report to the app's metrics.
         self.sandboxes.hooks = SandboxHooks(self.app.state.services.metrics)
