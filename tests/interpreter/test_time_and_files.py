@@ -1,4 +1,5 @@
-"""The interpreter API over fakes across time and files: no model, expiry, file metrics.
+"""The interpreter API over fakes across time and files: no model, a failing model, expiry,
+file metrics.
 
 The app runs in-process (tests/fakeapp.py); test_lifecycle.py keeps, on real servers, what
 needs a process (restart recovery, SIGTERM).
@@ -12,6 +13,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.agent.fake_llm_servers import openai_error, serve
 from tests.fakeapp import FakeApp
 from tests.interpreter.harness import Client, assert_error
 
@@ -89,3 +91,31 @@ def test_uploads_produced_files_and_downloads_are_counted() -> None:
     assert got[("sandbank_file_bytes_total", "produced")] == files["page.html"] > 0
     assert got[("sandbank_files_total", "download")] == 1
     assert got[("sandbank_file_bytes_total", "download")] == files["page.html"]
+
+
+LLM_KEY = "canary-llm-key-77a0"
+
+
+def test_a_model_failure_is_logged_for_the_operator_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with serve([openai_error(500)]) as failing:
+        fake = FakeApp(
+            configured_model=True,
+            llm_model="openai:gpt-fake",
+            llm_base_url=failing.url + "/v1",
+            llm_api_key=LLM_KEY,
+            llm_max_retries=0,
+        )
+        with caplog.at_level(logging.INFO), fake.running():
+            client = user(fake)
+            sid = client.new_session()
+            client.ask(sid, "hello")
+            session = client.wait(sid)
+            metrics = client.http.get("/metrics").text
+    log = caplog.text
+    assert session["status"] == "ERROR"
+    assert f"model request failed (openai:gpt-fake at {failing.url}/v1)" in log
+    assert "HTTP 500" in log
+    assert 'sandbank_model_calls_total{outcome="error"} 1.0' in metrics
+    assert LLM_KEY not in log and LLM_KEY not in metrics
