@@ -17,10 +17,11 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
+import httpx
 import uvicorn
 from starlette.testclient import TestClient
 
@@ -143,6 +144,12 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+def as_httpx(client: TestClient) -> httpx.Client:
+    """Starlette's TestClient is the Client of httpx2 (httpx's API under another name) where
+    that is installed: the tests, written against httpx.Client, take it as one."""
+    return cast(httpx.Client, client)
+
+
 class FakeApp:
     """One app over fakes in a scratch directory; `running()` drives it with TestClient,
     `serving()` serves it on loopback (either runs its lifespan)."""
@@ -164,7 +171,7 @@ class FakeApp:
         self.app = create_app(self.settings, sandboxes=self.sandboxes, model=self.model)
         # As when the app builds its own: the sandboxes report to the app's metrics.
         self.sandboxes.hooks = SandboxHooks(self.app.state.services.metrics)
-        self.http: TestClient | None = None
+        self._test_client: TestClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -174,15 +181,20 @@ class FakeApp:
         store: Store = interpreter.store
         return store
 
+    @property
+    def http(self) -> httpx.Client | None:
+        """The client of `running()`, while it runs."""
+        return None if self._test_client is None else as_httpx(self._test_client)
+
     @contextlib.contextmanager
-    def running(self) -> Iterator[TestClient]:
+    def running(self) -> Iterator[httpx.Client]:
         """The app started (its lifespan run) and a client to it; everything removed after."""
         try:
             with TestClient(self.app, base_url=BASE_URL, client=CLIENT) as http:
-                self.http = http
-                yield http
+                self._test_client = http
+                yield as_httpx(http)
         finally:
-            self.http = None
+            self._test_client = None
             shutil.rmtree(self.dir, ignore_errors=True)
 
     @contextlib.contextmanager
@@ -212,12 +224,14 @@ class FakeApp:
             loop.close()
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    def call(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
         """Run a coroutine function on the app's event loop (its store lives there)."""
         if self._loop is not None:
             return asyncio.run_coroutine_threadsafe(fn(*args), self._loop).result(30)
-        assert self.http is not None and self.http.portal is not None, "use `running()`"
-        return self.http.portal.call(fn, *args)
+        running = self._test_client
+        assert running is not None and running.portal is not None, "use `running()`"
+        result: T = running.portal.call(fn, *args)
+        return result
 
     def workspace(self, exec_session_id: str) -> Path:
         """Where a code-execution session's files are (the fake keeps a real directory)."""
@@ -232,13 +246,13 @@ class FakeApp:
         return name, secret
 
     @contextlib.contextmanager
-    def client(self, **kwargs: Any) -> Iterator[TestClient]:
+    def client(self, **kwargs: Any) -> Iterator[httpx.Client]:
         """Another client of the running app, with headers of its own (a second browser)."""
-        assert self.http is not None, "use `running()`"
+        assert self._test_client is not None, "use `running()`"
         other = TestClient(self.app, base_url=BASE_URL, client=CLIENT, **kwargs)
-        other.portal = self.http.portal  # the running app's loop, not a lifespan of its own
+        other.portal = self._test_client.portal  # the running app's loop, not a lifespan
         try:
-            yield other
+            yield as_httpx(other)
         finally:
             other.portal = None
             other.close()

@@ -83,13 +83,13 @@ def server() -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def alice(server: Server) -> Iterator[User]:
+def alice(server: Server) -> Iterator[Client]:
     with server.new_user() as client:
         yield client
 
 
 @pytest.fixture(scope="module")
-def bob(server: Server) -> Iterator[User]:
+def bob(server: Server) -> Iterator[Client]:
     with server.new_user() as client:
         yield client
 

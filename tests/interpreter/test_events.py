@@ -19,7 +19,7 @@ from tests.fakeapp import SLOW_ANSWER, FakeApp, chat
 from tests.interpreter.fake_llm import SLOW_CHUNK_S
 from tests.interpreter.harness import Client, follow, kinds
 
-MAX_S = 3.0  # SANDBANK_EVENT_STREAM_MAX_SECONDS: short, so a stream on a long run times out
+MAX_S = 2.0  # SANDBANK_EVENT_STREAM_MAX_SECONDS: short, so a stream on a long run times out
 
 
 @dataclass

@@ -12,7 +12,7 @@ import pytest
 
 from tests.fakeapp import FakeApp
 from tests.interpreter.harness import Client, assert_error
-from tests.interpreter.test_api_http import Server, User
+from tests.interpreter.test_api_http import Server
 from tests.interpreter.test_life import CSV
 from tests.interpreter.test_spec_client import CLIENT_HEADER, with_messages
 
@@ -29,13 +29,13 @@ def server() -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def alice(server: Server) -> Iterator[User]:
+def alice(server: Server) -> Iterator[Client]:
     with server.new_user() as client:
         yield client
 
 
 @pytest.fixture(scope="module")
-def bob(server: Server) -> Iterator[User]:
+def bob(server: Server) -> Iterator[Client]:
     with server.new_user() as client:
         yield client
 
