@@ -61,9 +61,10 @@ CUT = "\n[output truncated: {} more bytes not shown]\n"
 async def canned(call: ToolCall, workspace: Path) -> ExecResult:
     """The fake's answer to the programs the HTTP tests send (never a real execution).
 
-    `print(N)` and `print('text')` print, `echo WORD` echoes it, `raise SystemExit(N)` exits N, `raise E('m')`
-    fails with a traceback, `time.sleep(S)` sleeps (so deadlines and destroys cut it), the
-    editor's `create` writes its file; anything else succeeds with no output.
+    `print(N)` and `print('text')` print, `echo WORD` echoes, `raise SystemExit(N)` exits N,
+    `raise E('m')` fails with a traceback, `time.sleep(S)` sleeps (so deadlines and destroys
+    cut it), `chart` and `page` write chart.png and page.html as the loopback fake LLM's
+    programs do, the editor's `create` writes its file; anything else succeeds silently.
     """
     if isinstance(call, EditorCall):
         if call.command == "create" and call.file_text is not None:
