@@ -19,7 +19,6 @@ TENANT = "inspect-tests"
 
 MAKE_SHEETS = """
 import openpyxl
-from tests.tiers import needs
 book = openpyxl.Workbook()
 sheet = book.active
 sheet.title = "prices"
