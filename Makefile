@@ -25,7 +25,9 @@ $(VENV)/.dev-installed: $(VENV)/.installed pyproject.toml
 	touch $@
 
 # The sandbox runtime: its own venv from Debian's Python, readable by the sandbox users, sealed
-# (no host path inside; pip refuses installs at run time) and packed as an image (.runtime.img).
+# (no host path inside; pip refuses installs at run time; the list of its packages written into
+# it) and packed as an image (.runtime.img). runtime/requirements.txt pins every package
+# (scripts/lock-runtime resolves runtime/requirements.in).
 $(RUNTIME)/.packages: runtime/requirements.txt
 	$(PY) -m venv $(RUNTIME)
 	rm -f $(RUNTIME)/pip.conf
@@ -34,10 +36,11 @@ $(RUNTIME)/.packages: runtime/requirements.txt
 	touch $@
 
 # sb-init, the forked sandboxes' PID 1: static, so it runs from the image whatever is inside.
-$(RUNTIME)/.installed: $(RUNTIME)/.packages runtime/sb-init.c scripts/seal-runtime
+$(RUNTIME)/.installed: $(RUNTIME)/.packages runtime/sb-init.c scripts/seal-runtime runtime/requirements.in
 	mkdir -p $(RUNTIME)/libexec
 	cc -static -Os -Wall -Wextra -Werror -o $(RUNTIME)/libexec/sb-init runtime/sb-init.c
-	$(PY) scripts/seal-runtime $(RUNTIME)
+	$(PY) scripts/seal-runtime $(RUNTIME) --requested runtime/requirements.in \
+		--extra "$(SANDBANK_EXTRA_PACKAGES)"
 	touch $@
 
 install: system-deps $(VENV)/.installed $(RUNTIME)/.installed

@@ -10,10 +10,6 @@ from sandbank.agent.interfaces import FileInfo, Workbench
 from sandbank.protocol.calls import PythonCall
 
 WORKSPACE = "/workspace"
-LIBRARIES = (
-    "numpy, pandas, scipy, scikit-learn, statsmodels, matplotlib, seaborn, pillow, "
-    "openpyxl, pyarrow, sympy, plotly"
-)
 MAX_LISTED_FILES = 100
 
 _TEMPLATE = """\
@@ -24,7 +20,7 @@ Environment:
 - The user's files are in {workspace}, the working directory.
 - `code_execution` runs Python in a persistent interpreter: variables and imports survive \
 between calls. `bash` runs shell commands. `str_replace_based_edit_tool` views and edits files.
-- Installed: {libraries}. There is no internet access and nothing else can be installed.
+- {libraries} There is no internet access and nothing else can be installed.
 {charts}
 
 How to work: look at the data before relying on it; compute rather than guess; when code \
@@ -150,13 +146,21 @@ async def build_system_prompt(
     timeout_s: float = 30.0,
     inspect_root: str = WORKSPACE,
     answer_format: AnswerFormat = "markdown",
+    libraries: str = "",
 ) -> str:
-    """The system prompt for one run; `inspect_root` is where the snippet looks (tests move it)."""
+    """The system prompt for one run; `inspect_root` is where the snippet looks (tests move it).
+
+    `libraries` names the runtime image's packages, from the image's own list (RunLimits).
+    """
     files = await describe_files(workbench, timeout_s=timeout_s, inspect_root=inspect_root)
     recreated = _RECREATED.format(workspace=WORKSPACE) if sandbox_recreated else ""
     return _TEMPLATE.format(
         workspace=WORKSPACE,
-        libraries=LIBRARIES,
+        libraries=(
+            f"Installed Python packages (and their dependencies): {libraries}."
+            if libraries
+            else "`pip list` shows the installed Python packages."
+        ),
         charts=_CHARTS[answer_format].format(workspace=WORKSPACE),
         recreated=recreated,
         files=files,

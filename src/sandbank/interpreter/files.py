@@ -10,6 +10,7 @@ from typing import Literal
 from sandbank.config import MiB, Settings
 from sandbank.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge, QuotaExceeded
 from sandbank.files import ObjectStore, PresignedPost, UploadReceiver, object_key, session_prefix
+from sandbank.http.multipart import read_field
 from sandbank.store import FileRecord, Origin, Store
 
 SIGNED_FIELDS = ("key", "policy", "signature")
@@ -132,7 +133,7 @@ class SessionFiles:
         fields: dict[str, str] = {}
         async for name, _filename, chunks in parts:
             if name != "file":
-                fields[name] = await _field(name, chunks)
+                fields[name] = await read_field(name, chunks, MAX_FIELD)
                 continue
             # As with S3, the signed fields come first, so nothing is stored before checking.
             key, max_size = receiver.verify_upload(fields)
@@ -152,12 +153,3 @@ class SessionFiles:
     async def download(self, query: Mapping[str, str]) -> Download:
         key, filename = self._local().verify_download(query)
         return Download(await self.objects.open(key), filename)
-
-
-async def _field(name: str, chunks: AsyncIterator[bytes]) -> str:
-    value = bytearray()
-    async for chunk in chunks:
-        value += chunk
-        if len(value) > MAX_FIELD:
-            raise BadRequest(f"form field {name!r} is too long")
-    return value.decode("utf-8", "replace")

@@ -80,6 +80,7 @@ class LocalSandboxes:
         self.egress = EgressConfig.from_settings(settings)
         self.pool = WarmPool(self.backend, settings.pool_size, settings.pool_preimport)
         self._sessions: dict[str, ExecSession] = {}
+        self._named: dict[tuple[str, str], str] = {}  # (tenant, name) -> session id
         self._closing: set[asyncio.Task[None]] = set()
         self._reaper: asyncio.Task[None] | None = None
         self._sweeping: asyncio.Future[None] | None = None
@@ -120,14 +121,34 @@ class LocalSandboxes:
 
     # --- sessions ------------------------------------------------------------------------
     async def create(self, tenant: str, spec: SessionSpec | None = None) -> SessionInfo:
-        """A new session; `spec.network` is a client's hint, clamped to the operator's ceiling."""
+        """A new session; `spec.network` is a client's hint, clamped to the operator's ceiling.
+        A named one that lives is given back instead."""
+        spec = spec or SessionSpec()
+        key = None if spec.name is None else (tenant, spec.name)
+        if key is not None and (named := self._live(key)) is not None:
+            return named.info()
         try:
-            session = await self._create(tenant, spec or SessionSpec())
+            session = await self._create(tenant, spec)
         except AtCapacity:
             self.hooks.refused()
             raise
         self.hooks.created()
+        if key is not None:
+            if (raced := self._live(key)) is not None:  # made meanwhile: one session per name
+                self._destroy_in_background(session.id)
+                self.hooks.destroyed()
+                return raced.info()
+            self._named[key] = session.id
         return session.info()
+
+    def _live(self, key: tuple[str, str]) -> ExecSession | None:
+        session_id = self._named.get(key)
+        session = None if session_id is None else self._sessions.get(session_id)
+        if session is None:
+            self._named.pop(key, None)
+            return None
+        session.touch()
+        return session
 
     async def _create(self, tenant: str, spec: SessionSpec) -> ExecSession:
         if not self._accepting:
@@ -244,6 +265,9 @@ class LocalSandboxes:
         session = self._sessions.pop(session_id, None)
         if session is None:
             return
+        if self._named:
+            for key in [k for k, v in self._named.items() if v == session_id]:
+                del self._named[key]
         task = asyncio.create_task(self._close(session))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
