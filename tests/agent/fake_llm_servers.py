@@ -88,7 +88,8 @@ def serve_replies(
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     fake.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # A short poll: `shutdown` waits for one, and the default (0.5 s) was paid by every test.
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
         yield fake

@@ -14,11 +14,12 @@ from sandbank.sandbox.local import LocalSandboxes
 from tests.egress.conftest import World
 from tests.sandbox.conftest import Shell
 from tests.support import data_dir, settings
+from tests.tiers import param
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(scope="module", params=["bwrap", "fork"])
+@pytest.fixture(scope="module", params=[param("bwrap", "root"), param("fork", "root")])
 async def runtime(
     request: pytest.FixtureRequest, world: World, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[LocalSandboxes]:

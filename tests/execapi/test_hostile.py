@@ -1,4 +1,7 @@
-"""What a hostile client (or the code it runs) does at the HTTP edge: a clear 4xx, nothing lost."""
+"""What the code a hostile client runs does at the HTTP edge: a clear 4xx, nothing lost.
+
+Hostile bodies and odd names alone are tested over fakes in test_http_edges.py.
+"""
 
 from __future__ import annotations
 
@@ -53,32 +56,6 @@ def _destroy_during_download(server: Server, client: httpx.Client) -> None:
     assert client.get(f"/sessions/{sid}/files/list").status_code == 404
 
 
-def test_lone_surrogates_are_422_naming_the_field(client: httpx.Client, session_id: str) -> None:
-    cases = [
-        ('{"tool": "code_execution", "input": {"code": "print(\'\\ud800\')"}}', "input.code"),
-        ('{"tool": "bash_code_execution", "input": {"command": "echo \\udcff"}}', "input.command"),
-        (
-            '{"tool": "text_editor_code_execution", "input": {"command": "view", "path": "\\ud800"}}',
-            "input.path",
-        ),
-    ]
-    for body, field in cases:
-        r = client.post(
-            f"/sessions/{session_id}/exec",
-            content=body.encode(),
-            headers={"content-type": "application/json"},
-        )
-        assert r.status_code == 422 and field in r.json()["detail"], r.text
-    assert run(client, session_id, "code_execution", code="print('alive')")["stdout"] == "alive\n"
-
-
-def test_deeply_nested_json_is_422(client: httpx.Client, session_id: str) -> None:
-    deep = b"[" * 100_000 + b"]" * 100_000
-    for path in ("/sessions", f"/sessions/{session_id}/exec"):
-        r = client.post(path, content=deep, headers={"content-type": "application/json"})
-        assert r.status_code == 422, r.text
-
-
 def test_names_that_are_not_utf8_are_shown_escaped_everywhere(
     client: httpx.Client, session_id: str
 ) -> None:
@@ -94,15 +71,6 @@ def test_names_that_are_not_utf8_are_shown_escaped_everywhere(
     assert (r.status_code, r.content) == (200, b"x")
 
 
-def test_control_characters_in_a_name_do_not_break_the_download(
-    client: httpx.Client, session_id: str
-) -> None:
-    run(client, session_id, "code_execution", code="open('a\\nb\\r.txt', 'w').write('hi')")
-    r = client.get(f"/sessions/{session_id}/files", params={"path": "a\nb\r.txt"})
-    assert (r.status_code, r.text) == (200, "hi")
-    assert "\n" not in r.headers["content-disposition"]
-
-
 def test_put_file_on_a_workspace_out_of_inodes_is_413(
     client: httpx.Client, session_id: str
 ) -> None:
@@ -116,28 +84,3 @@ def test_put_file_on_a_workspace_out_of_inodes_is_413(
     run(client, session_id, "bash_code_execution", command="rm -r n")
     r = client.post(f"/sessions/{session_id}/files", files={"file": ("x.txt", b"data")})
     assert r.status_code == 201, r.text
-
-
-def test_options_and_405_name_every_method_of_a_resource(
-    client: httpx.Client, session_id: str
-) -> None:
-    r = client.options(f"/sessions/{session_id}/files")
-    assert r.status_code == 204
-    assert {"GET", "POST"} <= {m.strip() for m in r.headers["allow"].split(",")}
-    r = client.put(f"/sessions/{session_id}/files")
-    assert r.status_code == 405
-    assert {"GET", "POST"} <= {m.strip() for m in r.headers["allow"].split(",")}
-
-
-def test_integers_written_as_floats_are_integers(client: httpx.Client) -> None:
-    r = client.post("/sessions", json={"idle_timeout_seconds": 133262648822401.0})
-    assert r.status_code == 201, r.text
-    sid = r.json()["session_id"]
-    r = client.post(
-        f"/sessions/{sid}/exec",
-        json={"tool": "code_execution", "input": {"code": "1"}, "timeout_seconds": 5.0},
-    )
-    assert r.status_code == 200, r.text
-    r = client.post("/sessions", json={"idle_timeout_seconds": 2.5})
-    assert r.status_code == 422
-    client.delete(f"/sessions/{sid}")

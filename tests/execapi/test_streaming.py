@@ -1,4 +1,6 @@
-"""A streamed Execute over HTTP: output as it comes, then the plain call's result."""
+"""A streamed Execute over HTTP on a real server: output as it comes, then the plain call's
+result; a client that leaves. The framing alone is tested over fakes in test_streaming_http.py.
+"""
 
 from __future__ import annotations
 
@@ -70,12 +72,3 @@ def test_a_client_may_ask_to_interrupt_on_disconnect(client: httpx.Client, sessi
     started = time.monotonic()
     out = run(client, session_id, "code_execution", code="print('finished' in globals())")
     assert out["stdout"] == "False\n" and time.monotonic() - started < 10
-
-
-def test_display_outputs_are_in_the_result(client: httpx.Client, session_id: str) -> None:
-    out = run(
-        client, session_id, "code_execution",
-        code="import pandas as pd\ndisplay(pd.DataFrame({'a': [1]}))",
-    )  # fmt: skip
-    assert "<table" in out["display_outputs"][0]["data"]["text/html"]
-    assert "display_outputs" not in run(client, session_id, "code_execution", code="print(1)")

@@ -1,4 +1,5 @@
-"""Contract v1 through a front: the code-execution conformance suite, pointed at a fleet."""
+"""Contract v1 through a real front and real nodes: the single-server tests of real execution,
+pointed at a fleet."""
 
 from __future__ import annotations
 
@@ -15,11 +16,9 @@ from tests.tiers import needs
 
 __all__ = ["client", "contract", "session_id"]  # the suite's fixtures, used here too
 
-# Every test of the single-server suite, unchanged; the cap test starts a server of its own.
-SKIPPED = {"test_put_file_over_the_cap_is_413_and_nothing_is_written"}
-globals().update(
-    {k: v for k, v in vars(single_server).items() if k.startswith("test_") and k not in SKIPPED}
-)
+# Every test of real execution of the single-server suite, unchanged; the HTTP contract's
+# tests go through a front over fakes in test_http_contract.py.
+globals().update({k: v for k, v in vars(single_server).items() if k.startswith("test_")})
 
 
 @pytest.fixture(scope="module")

@@ -127,3 +127,13 @@ async def test_a_starting_front_gives_a_slow_node_more_rounds_before_it_counts_i
             assert [m.name for m in membership.up()] == ["a"]
         finally:
             await membership.close()
+
+
+@pytest.mark.parametrize(
+    ("node", "local"),
+    [("Node-1", "abc"), ("node.1", "abc"), ("-node", "abc"), ("n" * 64, "abc"), ("n", "a.b"),
+     ("n", ""), ("n", "a" * 129), ("n", "a/b")],
+)  # fmt: skip
+def test_a_node_name_or_id_that_would_not_route_back_is_never_signed(node: str, local: str) -> None:
+    with pytest.raises(ValueError, match="unexpected node name or session id"):
+        SessionIds("k1").sign("tenant-a", node, local)

@@ -139,6 +139,19 @@ class Client:
         raise AssertionError(f"no message with {text!r} in {timeout} s")
 
 
+def assert_error(response: httpx.Response, status: int, code: int | None = None) -> str:
+    """The spec's error shape: `{message, error_code, error_id}`; returns the message."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"message", "error_code", "error_id"}, body
+    assert isinstance(body["error_code"], int)
+    assert str(uuid.UUID(body["error_id"])) == body["error_id"]
+    assert body["message"]
+    if code is not None:
+        assert body["error_code"] == code, body
+    return str(body["message"])
+
+
 @dataclass
 class Received:
     at: float  # seconds since the request was sent

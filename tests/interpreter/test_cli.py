@@ -1,20 +1,30 @@
-"""The everyday commands against a real server: users, keys and sessions listed; `sandbank exec`."""
+"""The everyday commands: users, keys and sessions listed; `sandbank exec`.
+
+The admin commands run in-process against the data directory of the app over fakes, served by
+uvicorn on loopback (tests/fakeapp.py); `sandbank exec`, whose subject is real execution, runs
+as a command against a real server.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from unittest import mock
 
 import httpx
 import pytest
 
+from sandbank import cli
 from sandbank.startup import version
 from tests import support
+from tests.fakeapp import FakeApp
 from tests.interpreter.fake_llm import FakeLLM
-from tests.interpreter.harness import Server, openai_env, running
+from tests.interpreter.harness import Client, Server, openai_env, running
 from tests.support import SANDBANK, data_dir
 from tests.tiers import needs
 
@@ -26,6 +36,43 @@ ADMIN = "admin-token-for-tests"
 def server(llm: FakeLLM) -> Iterator[Server]:
     with running({**openai_env(llm.url), "SANDBANK_ADMIN_TOKEN": ADMIN}) as s:
         yield s
+
+
+class Fake:
+    """The app over fakes as these tests see a server: URL, data, environment, users, commands."""
+
+    def __init__(self, app: FakeApp, url: str) -> None:
+        self.app, self.url, self.data = app, url, app.dir
+        self.env = {"SANDBANK_DATA_DIR": str(app.dir), "SANDBANK_ADMIN_TOKEN": ADMIN}
+
+    def new_user(self) -> Client:
+        name, key = self.app.new_user()
+        return Client(self.url, key, name)
+
+    def run(
+        self, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """`sandbank ARGS` in-process, with this environment; its code and output."""
+        out, err = io.StringIO(), io.StringIO()
+        with (
+            mock.patch.dict(os.environ, env if env is not None else self.env),
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
+            code = cli.main(list(args))
+        return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+    def cli(self, *args: str) -> str:
+        done = self.run(*args, "--data-dir", str(self.data))
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[Fake]:
+    app = FakeApp(admin_token=ADMIN)
+    with app.serving() as url:
+        yield Fake(app, url)
 
 
 def sandbank(
@@ -41,7 +88,8 @@ def sandbank(
     )
 
 
-def test_users_are_listed_with_their_keys(server: Server) -> None:
+def test_users_are_listed_with_their_keys(fake: Fake) -> None:
+    server = fake
     name = f"lister{uuid.uuid4().hex[:6]}"
     server.cli("users", "create", name)
     header, *rows = server.cli("users", "list").splitlines()
@@ -51,14 +99,15 @@ def test_users_are_listed_with_their_keys(server: Server) -> None:
 
 
 @pytest.mark.parametrize("name", ["", "   ", "a/b", "x y", "tab\there"])
-def test_bad_user_names_are_refused(server: Server, name: str) -> None:
-    done = sandbank(server, "users", "create", name, "--data-dir", str(server.data))
+def test_bad_user_names_are_refused(fake: Fake, name: str) -> None:
+    done = fake.run("users", "create", name, "--data-dir", str(fake.data))
     assert done.returncode == 1
     assert done.stderr.startswith(f"sandbank: user name {name!r} is not valid")
     assert "Traceback" not in done.stderr
 
 
-def test_keys_are_listed_with_a_header_creation_and_last_use(server: Server) -> None:
+def test_keys_are_listed_with_a_header_creation_and_last_use(fake: Fake) -> None:
+    server = fake
     with server.new_user() as carol:
         header, row = server.cli("keys", "list", carol.name).splitlines()
         carol.ok("GET", "/api/sessions")
@@ -75,7 +124,8 @@ def test_keys_are_listed_with_a_header_creation_and_last_use(server: Server) -> 
     assert state == "active" and (used_day, used_clock) >= (day, clock)
 
 
-def test_sessions_are_listed_newest_first_with_a_title(server: Server) -> None:
+def test_sessions_are_listed_newest_first_with_a_title(fake: Fake) -> None:
+    server = fake
     with server.new_user() as dan:
         older = dan.new_session()
         dan.ask(older, "Say hello please, in a long sentence that goes on and on beyond the width")
@@ -134,19 +184,20 @@ def test_exec_says_a_session_ended_with_a_server_restart(machine: None) -> None:
     )
 
 
-def test_exec_says_when_the_server_cannot_be_reached(server: Server) -> None:
-    done = sandbank(server, "exec", "--url", "http://127.0.0.1:9", "-c", "1")
+def test_exec_says_when_the_server_cannot_be_reached(fake: Fake) -> None:
+    done = fake.run("exec", "--url", "http://127.0.0.1:9", "-c", "1")
     assert done.returncode == 1
     assert done.stderr.startswith("sandbank: cannot reach the server at http://127.0.0.1:9")
 
 
-def test_a_servers_exec_sessions_are_listed_with_the_admin_token(server: Server) -> None:
+def test_a_servers_exec_sessions_are_listed_with_the_admin_token(fake: Fake) -> None:
+    server = fake
     sid = httpx.post(server.url + "/sessions", json={}).json()["session_id"]
     try:
         assert httpx.get(server.url + "/admin/sessions").status_code == 401
         wrong = {"Authorization": "Bearer nope"}
         assert httpx.get(server.url + "/admin/sessions", headers=wrong).status_code == 401
-        done = sandbank(server, "sessions", "list", "--exec", "--url", server.url)
+        done = fake.run("sessions", "list", "--exec", "--url", server.url)
         assert done.returncode == 0, done.stderr
         header, *rows = done.stdout.splitlines()
         assert header.split() == ["SESSION", "TENANT", "CREATED", "STATE", "IDLE"]
@@ -156,13 +207,7 @@ def test_a_servers_exec_sessions_are_listed_with_the_admin_token(server: Server)
     finally:
         httpx.delete(f"{server.url}/sessions/{sid}")
     env = {k: v for k, v in server.env.items() if k != "SANDBANK_ADMIN_TOKEN"}
-    refused = subprocess.run(
-        [SANDBANK, "sessions", "list", "--exec", "--url", server.url],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    refused = fake.run("sessions", "list", "--exec", "--url", server.url, env=env)
     assert refused.returncode == 1
     assert "needs its admin token" in refused.stderr
 

@@ -1,5 +1,9 @@
-"""`GET /api/sessions/{id}/events` on a real server: the model's text before its answer is
-stored, then the messages, the status and the end; bounded; resumable."""
+"""`GET /api/sessions/{id}/events`: the model's text before its answer is stored, then the
+messages, the status and the end; bounded; resumable.
+
+The app is served by uvicorn on loopback (so the stream is read as it is written) over fakes:
+the fake backend and a scripted model that writes its answer word by word (tests/fakeapp.py).
+"""
 
 from __future__ import annotations
 
@@ -7,34 +11,39 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
-from tests.interpreter.fake_llm import SLOW_ANSWER, FakeLLM
-from tests.interpreter.harness import (
-    Client,
-    Received,
-    Server,
-    follow,
-    kinds,
-    openai_env,
-    running,
-)
-from tests.tiers import needs
+from sandbank.agent.scripted import ScriptedModel
+from tests.fakeapp import SLOW_ANSWER, FakeApp, chat
+from tests.interpreter.fake_llm import SLOW_CHUNK_S, FakeLLM
+from tests.interpreter.harness import Client, Received, follow, kinds, openai_env, running
 
-MAX_S = 4.0  # SANDBANK_EVENT_STREAM_MAX_SECONDS: short, so a stream on a long run times out
+MAX_S = 2.0  # SANDBANK_EVENT_STREAM_MAX_SECONDS: short, so a stream on a long run times out
+
+
+@dataclass
+class Server:
+    url: str
 
 
 @pytest.fixture(scope="module")
-@needs("root")
-def server(llm: FakeLLM) -> Iterator[Server]:
-    with running({**openai_env(llm.url), "SANDBANK_EVENT_STREAM_MAX_SECONDS": str(MAX_S)}) as s:
-        yield s
+def fake() -> FakeApp:
+    model = ScriptedModel(chat, chunk_delay=SLOW_CHUNK_S)
+    return FakeApp(model=model, event_stream_max_seconds=MAX_S)
 
 
 @pytest.fixture(scope="module")
-def alice(server: Server) -> Iterator[Client]:
-    with server.new_user() as client:
+def server(fake: FakeApp) -> Iterator[Server]:
+    with fake.serving() as url:
+        yield Server(url)
+
+
+@pytest.fixture(scope="module")
+def alice(fake: FakeApp, server: Server) -> Iterator[Client]:
+    name, key = fake.new_user()
+    with Client(server.url, key, name) as client:
         yield client
 
 

@@ -1,11 +1,12 @@
-"""Sessions and runs across time: expiry, no model, restart recovery, SIGTERM."""
+"""Runs across a real server's life: restart recovery, SIGTERM. No model and expiry are tested
+over fakes in test_time_and_files.py.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import signal
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -14,49 +15,6 @@ from sandbank.config import Settings
 from sandbank.store import ChatSession, open_store
 from tests.interpreter.fake_llm import FakeLLM
 from tests.interpreter.harness import Server, data_dir, openai_env, running
-from tests.interpreter.test_life import assert_error
-from tests.tiers import needs
-
-
-@pytest.fixture(scope="module")
-@needs("root")
-def short_lived() -> Iterator[Server]:
-    """Sessions live 3 s; no model is configured."""
-    env = {
-        "SANDBANK_SESSION_TTL_SECONDS": "3",
-        "SANDBANK_SESSION_EXPIRY_INTERVAL_SECONDS": "0.5",
-    }
-    with running(env) as server:
-        yield server
-
-
-def test_without_a_model_a_question_is_refused_before_anything_is_stored(
-    short_lived: Server,
-) -> None:
-    with short_lived.new_user() as client:
-        sid = client.new_session()
-        response = client.http.post(f"/api/sessions/{sid}/messages", json={"content": "hi"})
-        message = assert_error(response, 503, 1101)
-        # In words, with what the operator must set (the details are in the log too).
-        assert message.startswith("The assistant is off: no model is configured. The operator")
-        assert "SANDBANK_LLM_MODEL" in message
-        assert "SANDBANK_LLM_MODEL" in (short_lived.data / "server.log").read_text()
-        assert client.ok("GET", f"/api/sessions/{sid}/messages") == []
-        assert client.ok("GET", f"/api/sessions/{sid}")["status"] == "DONE"
-
-
-def test_expired_sessions_are_deleted_with_their_files(short_lived: Server) -> None:
-    with short_lived.new_user() as client:
-        sid = client.new_session()
-        assert client.upload(sid, "old.csv", b"1\n").status_code == 204
-        objects = list((short_lived.data / "objects").rglob("old.csv"))
-        assert objects
-        deadline = time.monotonic() + 15
-        while client.http.get(f"/api/sessions/{sid}").status_code == 200:
-            assert time.monotonic() < deadline, "the session did not expire"
-            time.sleep(0.25)
-        assert_error(client.http.get(f"/api/sessions/{sid}"), 404)
-        assert not any(p.exists() for p in objects)
 
 
 def stored_session(server: Server, sid: str) -> ChatSession:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import re
 
-import httpx
 from playwright.sync_api import expect
 
-from tests.interpreter.harness import Client, Server
-from tests.web.conftest import TRUSTED_HEADER, Tab
+from tests.interpreter.harness import Client
+from tests.web.conftest import Tab
 from tests.web.test_ui import RUN_TIMEOUT, ask, open_new_session, sign_in
 
 
@@ -18,19 +17,6 @@ def test_loading_the_page_provokes_no_refusal(tab: Tab) -> None:
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
     assert not [u for u in tab.console.requests if "/api/" in u]  # no probe of the API
     assert tab.console.unexpected() == []
-
-
-def test_the_config_tells_a_proxied_user_apart(server: Server, user: Client) -> None:
-    alone = httpx.get(server.url + "/ui/config.json").json()
-    assert alone == {
-        "sign_in": True,
-        "session_ttl_seconds": 604800,
-        "documents": ["openapi.json", "api/openapi.json"],
-        "assistant": {"state": "ok", "available": True, "message": None},
-    }
-    proxied = httpx.get(server.url + "/ui/config.json", headers={TRUSTED_HEADER: user.name})
-    assert proxied.json()["sign_in"] is False
-    assert "default-src 'none'" in proxied.headers["content-security-policy"]
 
 
 def test_a_new_session_is_new_until_asked_and_the_badge_follows_the_run(

@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import httpx
 from playwright.sync_api import expect
 
-from tests.interpreter.harness import Server
 from tests.web.conftest import Tab
-
-
-def test_the_reference_is_served_with_the_pages_policy(server: Server) -> None:
-    page = httpx.get(server.url + "/docs")
-    assert page.status_code == 200
-    assert "script-src 'self'" in page.headers["content-security-policy"]
-    assert "ui/reference.js" in page.text
 
 
 def test_both_documents_are_rendered_and_linked_from_the_page(tab: Tab) -> None:
