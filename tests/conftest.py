@@ -32,26 +32,52 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(tier)
 
 
-@pytest.fixture(autouse=True)
-def _honest_tier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """In the fast tier, starting a real server or a real backend fails the test at once."""
-    if request.node.get_closest_marker("root") is not None:
-        yield
-        return
+# Whether the test being set up or run may start real servers and backends (tests/tiers.py).
+_ROOT_ALLOWED = [True]
+
+
+def _refuse_outside_the_root_tier(owner: type, name: str) -> None:
+    real = getattr(owner, name)
+
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _ROOT_ALLOWED[0]:
+            pytest.fail(
+                f"{owner.__name__}.{name}: a test of the fast tier starts a real server or "
+                "sandbox backend; give the fixture that does it `@needs(\"root\")` "
+                "(tests/tiers.py), or use the fake backend"
+            )
+        return real(self, *args, **kwargs)
+
+    setattr(owner, name, guarded)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
     from sandbank.sandbox.backends.unisolated import UnisolatedBackend
     from sandbank.sandbox.host.machine import IsolatedHost
     from tests.support import Server
 
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        pytest.fail(
-            f"{request.node.nodeid} starts a real server or sandbox backend but uses no fixture "
-            "of the root tier: take one (tests/tiers.py `needs`), or use the fake backend"
-        )
+    for owner, name in ((Server, "start"), (IsolatedHost, "check"), (UnisolatedBackend, "check")):
+        _refuse_outside_the_root_tier(owner, name)
 
-    monkeypatch.setattr(Server, "start", refuse)
-    monkeypatch.setattr(IsolatedHost, "check", refuse)
-    monkeypatch.setattr(UnisolatedBackend, "check", refuse)
-    yield
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """Fixtures of every scope are set up for a test here: they start real things only for a
+    test of the root tier (a module's fixture is made for its first test)."""
+    _ROOT_ALLOWED[0] = item.get_closest_marker("root") is not None
+    try:
+        return (yield)
+    finally:
+        _ROOT_ALLOWED[0] = True
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    _ROOT_ALLOWED[0] = item.get_closest_marker("root") is not None
+    try:
+        return (yield)
+    finally:
+        _ROOT_ALLOWED[0] = True
 
 
 @pytest.fixture
