@@ -30,6 +30,7 @@ ROOT = (
     "tests/leasing/test_remote.py",
     "tests/fleet/",
     "tests/egress/",
+    "tests/edges/",
     "tests/agent/test_loop_real_sandbox",
     "tests/agent/test_inspect_real_sandbox",
     "tests/interpreter/test_cli",

@@ -24,8 +24,9 @@ FLOOR, CEILING = 4, 2000  # below the floor a server is not worth running; the c
 # (agents start many at once) is served from it; a pooled fork costs what an idle session does.
 POOL_SHARE, POOL_MIN, POOL_MAX = 20, 2, 64
 # The server's descriptors: its own, plus each sandbox's pipes and pidfd (counted in
-# /proc/<server>/fd: 7 a sandbox with fork, 5 with bwrap).
+# /proc/<server>/fd: 7 a sandbox with fork, 5 with bwrap), plus one per client connection.
 FDS_BASE, FDS_PER_SANDBOX = 1024, 8
+CONNECTIONS_DEFAULT, CONNECTIONS_FLOOR = 4096, 64
 
 
 def mem_total() -> int:
@@ -108,14 +109,24 @@ def sessions_memory(total: int | None = None) -> int:
     return max(total - SERVER_RESERVE_MIB * MiB, total // 2)
 
 
-def raise_open_files(sandboxes: int) -> tuple[int, int]:
-    """Raise the server's soft RLIMIT_NOFILE toward what `sandboxes` need; (soft, wanted).
+def connection_limit(sandboxes: int, wanted: int = 0) -> int:
+    """How many client connections the server holds at once: `wanted` (0: the default), less
+    when the open-files limit leaves less room beside the sandboxes' descriptors."""
+    wanted = wanted or CONNECTIONS_DEFAULT
+    soft, _ = raise_open_files(sandboxes, wanted)
+    room = soft - FDS_BASE - FDS_PER_SANDBOX * sandboxes
+    return min(wanted, max(CONNECTIONS_FLOOR, room))
+
+
+def raise_open_files(sandboxes: int, connections: int = 0) -> tuple[int, int]:
+    """Raise the server's soft RLIMIT_NOFILE toward what `sandboxes` and `connections` need;
+    (soft, wanted).
 
     Only up to the hard limit (or the kernel's `nr_open`), which the server does not change.
     """
     import resource
 
-    want = FDS_BASE + FDS_PER_SANDBOX * sandboxes
+    want = FDS_BASE + FDS_PER_SANDBOX * sandboxes + connections
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY:
         with open("/proc/sys/fs/nr_open") as f:  # the kernel's own ceiling

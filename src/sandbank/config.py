@@ -58,6 +58,28 @@ class Settings(BaseSettings):
         description="Log lines as readable `text`, or as `json` objects (one per line) for a "
         "log collector.",
     )
+    max_connections: int = Field(
+        0,
+        ge=0,
+        description="Client connections open at once, every listener together; past it a new "
+        "connection is answered 503 and closed at once. 0 (the default) derives it: 4096, or "
+        "less when the open-files limit leaves less beside what the sandboxes need.",
+    )
+    max_connections_per_client: int = Field(
+        0,
+        ge=0,
+        description="Client connections open at once from one address (behind a proxy, the "
+        "proxy's); past it, 503 and closed. 0 (the default): half of `max_connections`.",
+    )
+    head_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="Time a client has to send a request's line and headers, from its "
+        "connection or the request's first byte; then 408 and the connection is closed.",
+    )
+    keepalive_timeout_seconds: float = Field(
+        5.0, gt=0, description="How long an idle keep-alive connection stays open."
+    )
     public_base_url: str = Field(
         "",
         description="Base URL clients reach this server at (for presigned URLs); "
@@ -392,6 +414,15 @@ class Settings(BaseSettings):
         gt=0,
         description="Longest life of one `GET /api/sessions/{id}/events` stream; a client "
         "still waiting reconnects with `from` (its run is not affected).",
+    )
+    max_event_streams: int = Field(
+        256,
+        ge=1,
+        description="`GET /api/sessions/{id}/events` streams open at once on this server; past "
+        "it, 503 with Retry-After (each one reads the store while its run goes).",
+    )
+    max_event_streams_per_user: int = Field(
+        8, ge=1, description="Event streams one user may have open at once; past it, 429."
     )
     max_stored_bytes_per_user: int = Field(
         1024 * MiB,
