@@ -23,6 +23,7 @@ ROOT = (
     "tests/sandbox/",
     "tests/execapi/",
     "tests/interpreter/test_life",
+    "tests/interpreter/test_abuse",
     "tests/interpreter/test_lifecycle",
     "tests/interpreter/test_remote_stack",
     "tests/interpreter/test_spec_client",

@@ -27,6 +27,11 @@ POOL_SHARE, POOL_MIN, POOL_MAX = 20, 2, 64
 # /proc/<server>/fd: 7 a sandbox with fork, 5 with bwrap), plus one per client connection.
 FDS_BASE, FDS_PER_SANDBOX = 1024, 8
 CONNECTIONS_DEFAULT, CONNECTIONS_FLOOR = 4096, 64
+# The listener's backlog: asyncio accepts up to this many connections in one go, and each
+# refused one is closed an event-loop turn or two later, so a burst past the cap holds up to
+# about twice this many descriptors for a moment (bench/edges.py).
+ACCEPT_BACKLOG = 1024
+ACCEPT_BURST = 2 * ACCEPT_BACKLOG
 
 
 def mem_total() -> int:
@@ -113,8 +118,8 @@ def connection_limit(sandboxes: int, wanted: int = 0) -> int:
     """How many client connections the server holds at once: `wanted` (0: the default), less
     when the open-files limit leaves less room beside the sandboxes' descriptors."""
     wanted = wanted or CONNECTIONS_DEFAULT
-    soft, _ = raise_open_files(sandboxes, wanted)
-    room = soft - FDS_BASE - FDS_PER_SANDBOX * sandboxes
+    soft, _ = raise_open_files(sandboxes, wanted + ACCEPT_BURST)
+    room = soft - FDS_BASE - FDS_PER_SANDBOX * sandboxes - ACCEPT_BURST
     return min(wanted, max(CONNECTIONS_FLOOR, room))
 
 

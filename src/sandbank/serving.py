@@ -75,6 +75,7 @@ def _config(
         host=host,
         port=port,
         http=protocol_for(book),  # httptools, bounded: heads, time, connections, early answers
+        backlog=capacity.ACCEPT_BACKLOG,
         timeout_keep_alive=settings.keepalive_timeout_seconds,  # type: ignore[arg-type]
         log_level=settings.log_level,
         log_config=None,  # uvicorn's lines go through our handler (text or JSON, request ids)

@@ -50,24 +50,43 @@ def test_past_its_address_cap_a_client_gets_503_and_others_are_still_served(
             conn.close()
 
 
-def test_past_the_servers_cap_every_address_gets_503_until_connections_close(
+def test_a_full_server_makes_room_by_closing_a_waiting_connection_of_the_largest_holder(
     server: Server,
 ) -> None:
-    conns = _hold(server.port, "127.0.0.3", PER_CLIENT) + _hold(server.port, "127.0.0.4", 29)
+    """Slow connections from a few addresses fill the server: a newcomer takes the place of
+    one of them (the address holding the most), and no other newcomer is kept out."""
+    hog = _hold(server.port, "127.0.0.3", PER_CLIENT)
+    for conn in hog:
+        conn.sendall(b"GET /health HTTP/1.1\r\nX-Slow: ")  # a slow head, still coming
+    other = _hold(server.port, "127.0.0.4", TOTAL - PER_CLIENT - 5)
+    other += _hold(server.port, "127.0.0.8", 5)
     try:
         time.sleep(0.2)
-        others = [exchange(server.port, get("/health"), "127.0.0.5") for _ in range(2)]
-        # One more connection fits (60), the next is refused: the server is full.
-        assert [status_of(a) for a in others] == [200, 200]
-        conns += _hold(server.port, "127.0.0.6", 1)
-        refused = exchange(server.port, get("/health"), "127.0.0.7")
+        answers = [exchange(server.port, get("/health"), f"127.0.0.{5 + i}") for i in range(3)]
+        assert [status_of(a) for a in answers] == [200, 200, 200]
+        assert not _refused(other)
+        closed = _refused(hog)
+        assert closed and all(b"this waiting connection made room" in a for a in closed)
+    finally:
+        for conn in hog + other:
+            conn.close()
+
+
+def test_past_the_servers_cap_with_no_address_over_its_share_a_newcomer_gets_503(
+    server: Server,
+) -> None:
+    conns = [connect(server.port, f"127.0.1.{i + 1}") for i in range(TOTAL)]
+    try:
+        time.sleep(0.2)
+        refused = exchange(server.port, get("/health"), "127.0.2.1")
         assert status_of(refused) == 503
         assert f"the server holds its most connections ({TOTAL})".encode() in refused
+        assert not _refused(conns)  # nobody gave way: each holds one
     finally:
         for conn in conns:
             conn.close()
     time.sleep(0.2)
-    assert status_of(exchange(server.port, get("/health"), "127.0.0.7")) == 200
+    assert status_of(exchange(server.port, get("/health"), "127.0.2.1")) == 200
 
 
 def _post_flood(port: int, path: str, headers: bytes, size: int) -> tuple[int, bytes]:

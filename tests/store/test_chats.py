@@ -141,3 +141,19 @@ async def test_messages_need_their_chat(store: Store) -> None:
     await store.chats.delete(run.session_id)
     with pytest.raises(SessionNotFound):
         await store.runs.add_message(run, "assistant", "hi", False)
+
+
+async def test_chats_created_at_once_never_pass_the_users_limit(store: Store) -> None:
+    user = await store.accounts.create_user("alice")
+    made: list[object] = []
+
+    async def create() -> None:
+        made.append(await store.chats.create_within(user.id, 60, 5))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(20):
+            tg.start_soon(create)
+    assert sum(1 for chat in made if chat is not None) == 5
+    assert await store.chats.count(user.id) == 5
+    with pytest.raises(NotFound):
+        await store.chats.create_within("no-such-user", 60, 5)

@@ -9,7 +9,9 @@ uvicorn's httptools protocol, bounded:
   timeout holds;
 - connections: at most `max_connections` open at once over every listener, and
   `max_per_client` from one client address; past either, a 503 and the connection closed at
-  once, so no client can use up the descriptors the sandboxes need;
+  once, so no client can use up the descriptors the sandboxes need. A full server makes room
+  for a newcomer by closing a waiting connection (no request in progress) of the address
+  holding the most, so slow connections from a few addresses cannot keep others out;
 - bodies: a response sent before its request's body has arrived (a 401, 403, 404 or 413)
   ends the connection; what the client still sends is read and dropped, `LINGER_BYTES` at
   most for `LINGER_SECONDS`, then it closes (closing at once would reset the connection
@@ -27,7 +29,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Protocol
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -49,30 +51,57 @@ LINGER_SECONDS = 2.0
 REFUSED_READ = 64 * 1024  # what a refused connection had sent, read so that closing resets nothing
 
 
+class Waiting(Protocol):
+    """A connection that has no request in progress (idle, or its head still coming)."""
+
+    def evict(self) -> None: ...
+
+
 @dataclass
 class ConnectionBook:
-    """Open connections over every listener of the process, in all and by client address."""
+    """Open connections over every listener of the process, in all and by client address.
+
+    When the server is full, a new connection takes the place of a waiting one (no request in
+    progress: idle, or its head still coming) of the address holding the most, if that
+    address holds more than the newcomer's: an address that opens many slow connections
+    cannot keep others out, yet no request in progress is ever cut.
+    """
 
     max_connections: int
     max_per_client: int
     head_timeout: float
     open: int = 0
     by_client: Counter[str] = field(default_factory=Counter)
+    # Waiting connections by address, oldest first (dicts keep insertion order).
+    waiting: dict[str, dict[Waiting, None]] = field(default_factory=dict)
     refused: int = 0  # connections answered 503 at once (metrics)
+    evicted: int = 0  # waiting connections closed to make room (metrics)
     heads_refused: int = 0  # requests answered 408, 414 or 431 (metrics)
 
     def admit(self, client: str) -> str | None:
         """Count a new connection in; or why it is refused."""
-        if self.open >= self.max_connections:
-            return f"the server holds its most connections ({self.max_connections}); retry shortly"
         if self.by_client[client] >= self.max_per_client:
             return (
                 f"this address holds its most connections ({self.max_per_client}); close "
                 "some or retry shortly"
             )
+        if self.open >= self.max_connections and not self._make_room(client):
+            return f"the server holds its most connections ({self.max_connections}); retry shortly"
         self.open += 1
         self.by_client[client] += 1
         return None
+
+    def _make_room(self, client: str) -> bool:
+        mine = self.by_client[client]
+        holder = max(self.waiting, key=self.by_client.__getitem__, default=None)
+        if holder is None or self.by_client[holder] <= mine + 1:
+            return False
+        victim = next(iter(self.waiting[holder]))
+        self.stop_waiting(holder, victim)
+        self.leave(holder)
+        self.evicted += 1
+        victim.evict()
+        return True
 
     def leave(self, client: str) -> None:
         self.open -= 1
@@ -80,14 +109,24 @@ class ConnectionBook:
         if self.by_client[client] <= 0:
             del self.by_client[client]
 
+    def start_waiting(self, client: str, conn: Waiting) -> None:
+        self.waiting.setdefault(client, {})[conn] = None
+
+    def stop_waiting(self, client: str, conn: Waiting) -> None:
+        mine = self.waiting.get(client)
+        if mine is not None:
+            mine.pop(conn, None)
+            if not mine:
+                del self.waiting[client]
+
 
 def protocol_for(book: ConnectionBook) -> type[HttpToolsProtocol]:
     """uvicorn's protocol class for `uvicorn.Config(http=...)`, over one shared book."""
 
-    class Protocol(EdgeProtocol):
+    class Bounded(EdgeProtocol):
         connection_book = book
 
-    return Protocol
+    return Bounded
 
 
 class EdgeProtocol(HttpToolsProtocol):
@@ -116,7 +155,19 @@ class EdgeProtocol(HttpToolsProtocol):
             self._refuse_connection(transport, refusal)
             return
         self._counted = client
+        self.connection_book.start_waiting(client, self)
         self._arm_head_timer()
+
+    def evict(self) -> None:
+        """Closed to make room for another address's connection (the book has let it go)."""
+        client, self._counted = self._counted, None
+        if client is None or self.transport.is_closing():
+            return
+        self._cancel_head_timer()
+        if self._head_bytes:
+            full = TooManyConnections("the server is full: this waiting connection made room")
+            self.transport.write(_response(full, None, retry_after=5))
+        self.transport.close()
 
     def _refuse_connection(self, transport: asyncio.Transport, reason: str) -> None:
         sock = transport.get_extra_info("socket")
@@ -130,6 +181,7 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._counted is not None:
+            self.connection_book.stop_waiting(self._counted, self)
             self.connection_book.leave(self._counted)
             self._counted = None
         for timer in (self._head_timer, self._linger_timer):
@@ -223,6 +275,8 @@ class EdgeProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._cancel_head_timer()
+        if self._counted is not None:
+            self.connection_book.stop_waiting(self._counted, self)  # a request in progress
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -233,9 +287,13 @@ class EdgeProtocol(HttpToolsProtocol):
 
     # --- early answers -------------------------------------------------------------------
     def on_response_complete(self) -> None:
-        cycle = self.cycle
+        cycle, pipelined = self.cycle, bool(self.pipeline)
         super().on_response_complete()
-        if cycle is None or not cycle.more_body or self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if cycle is None or not cycle.more_body:
+            if not pipelined and self._counted is not None:
+                self.connection_book.start_waiting(self._counted, self)  # idle: keep-alive
             return
         # Answered before the body arrived (refused, most often): the rest is not read.
         self._unset_keepalive_if_required()

@@ -10,6 +10,7 @@ from starlette.routing import Route
 
 from sandbank.errors import BadRequest
 from sandbank.files import content_type
+from sandbank.http.bodies import capped, check_declared
 from sandbank.http.multipart import FormStream, is_multipart
 from sandbank.http.responses import SSE_HEADERS, untrusted_file_headers
 from sandbank.http.routing import grouped_routes
@@ -131,15 +132,19 @@ class InterpreterApi:
         return JSONResponse({"url": await service.download_url(user, sid, filename)})
 
     async def receive_upload(self, request: Request) -> Response:
-        """The presigned form's target (local store): its signature is the credential."""
-        service = await self._service()
+        """The presigned form's target (local store): its signed URL is the credential,
+        checked before a byte of the body is read; the body is capped by what it allows."""
+        files = (await self._service()).files
+        grant = files.authorize_upload(request.query_params)
+        cap = files.upload_body_cap(grant)
+        check_declared(request, cap, "the upload")
         content_type = request.headers.get("content-type")
         if not is_multipart(content_type):
             raise BadRequest("uploads are multipart/form-data: the form's fields, then `file`")
-        form = FormStream(content_type, request.stream())
+        form = FormStream(content_type, capped(request.stream(), cap, "the upload"))
         parts = ((p.name, p.filename, chunks) async for p, chunks in form.parts())
         declared = request.headers.get("content-length", "")
-        await service.files.receive(parts, int(declared) if declared.isdigit() else None)
+        await files.receive(grant, parts, int(declared) if declared.isdigit() else None)
         return Response(status_code=204)
 
     async def serve_download(self, request: Request) -> Response:

@@ -36,6 +36,7 @@ from sandbank.errors import (
     NotFound,
     PayloadTooLarge,
     QuotaError,
+    QuotaExceeded,
     RunInProgress,
     SandbankError,
     SessionNotFound,
@@ -520,20 +521,21 @@ class Runs:
 
     async def _save(self, run: Run, owner: str, lease: Lease, entry: FileEntry) -> None:
         name = validate_stored_name(entry.path)
-        remaining = await self.files.remaining_quota(run.user_id)
-        existing = await self.store.file_records.get(run.session_id, name)
-        if existing is not None:
-            remaining += existing.size
-        cap = min(self.settings.put_file_max_bytes, remaining)
+        cap = self.settings.put_file_max_bytes
         if entry.size_bytes > cap:
-            raise QuotaError(
-                "larger than the file size limit"
-                if cap == self.settings.put_file_max_bytes
-                else "storage quota reached"
-            )
-        with tempfile.TemporaryFile() as tmp:
-            size = await copy_out(self.sandboxes, lease.sandbox_id, owner, entry.path, tmp, cap)
-            await anyio.to_thread.run_sync(tmp.seek, 0)
-            await self.files.objects.put(object_key(run.session_id, name), tmp, size)
-        record = await self.files.record(run.session_id, name, size, "assistant")
+            raise QuotaError("larger than the file size limit")
+        try:
+            # Reserved before it is copied: files saved at once (this run's, other runs', a
+            # user's uploads) never pass the storage quota together.
+            async with self.files.reserving(run.session_id, name, entry.size_bytes, cap) as room:
+                with tempfile.TemporaryFile() as tmp:
+                    size = await copy_out(
+                        self.sandboxes, lease.sandbox_id, owner, entry.path, tmp, cap
+                    )
+                    await room.ensure(size)  # it may have grown since it was listed
+                    await anyio.to_thread.run_sync(tmp.seek, 0)
+                    await self.files.objects.put(object_key(run.session_id, name), tmp, size)
+                record = await room.commit(size, "assistant")
+        except QuotaExceeded:
+            raise QuotaError("storage quota reached") from None
         lease.placed[name] = record.updated_at

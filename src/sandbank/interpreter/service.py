@@ -39,9 +39,13 @@ class InterpreterService:
     # --- sessions ------------------------------------------------------------------------------
     async def create_session(self, user: User) -> ChatSession:
         limit = self.settings.max_sessions_per_user
-        if await self.store.chats.count(user.id) >= limit:
+        # Counted and created in one transaction: concurrent creations never pass the limit.
+        chat = await self.store.chats.create_within(
+            user.id, self.settings.session_ttl_seconds, limit
+        )
+        if chat is None:
             raise QuotaExceeded(f"you have {limit} sessions, the most allowed: delete some first")
-        return await self.store.chats.create(user.id, self.settings.session_ttl_seconds)
+        return chat
 
     async def list_sessions(self, user: User) -> list[ChatSession]:
         return await self.store.chats.of_user(user.id)
