@@ -209,7 +209,9 @@ class Services:
             door_sandboxes: Sandboxes = FleetSandboxes(self.fleet)
         else:
             if sandboxes is None:
-                sandboxes = self.local = LocalSandboxes(s, hooks=SandboxHooks(self.metrics))
+                sandboxes = self.local = LocalSandboxes(
+                    s, hooks=SandboxHooks(self.metrics), tenants=len(tokens)
+                )
             elif isinstance(sandboxes, LocalSandboxes):
                 self.local = sandboxes
             if self.local is not None:

@@ -159,10 +159,26 @@ class Settings(BaseSettings):
     max_sessions_per_tenant: int = Field(
         0,
         ge=0,
-        description="Live sessions one tenant (exec token) may hold; 0 means `max_sessions`. "
-        "When the server is full, sessions of tenants over their fair share are reclaimed "
-        "first, the caller's own before anyone else's.",
+        description="Live sessions one tenant (exec token) may hold. 0 (the default): three "
+        "quarters of `max_sessions` when several tokens are configured (so one tenant keeping "
+        "every session busy never keeps the others out), else all of them. While a tenant "
+        "waits for room, others at their fair share get no more; when the server is full, "
+        "idle sessions of tenants over their fair share are reclaimed first, the caller's own "
+        "before anyone else's.",
     )
+    tenant_max_sessions: str = Field(
+        "",
+        description="Per-tenant exceptions to `max_sessions_per_tenant`: comma-separated "
+        "`TENANT=N`, TENANT being at least 8 hex digits of the tenant's id: the SHA-256 of "
+        "its token, whose first digits `/admin/sessions` shows.",
+    )
+
+    @field_validator("tenant_max_sessions")
+    @classmethod
+    def _tenant_limits(cls, value: str) -> str:
+        parse_tenant_limits(value)  # raises with the offending entry
+        return value
+
     idle_timeout_default: int = Field(
         600, ge=1, description="Idle timeout of a session that asks for none (seconds)."
     )
@@ -592,6 +608,24 @@ class Settings(BaseSettings):
                     "exceed its ceiling"
                 )
         return self
+
+
+def parse_tenant_limits(text: str) -> dict[str, int]:
+    """`TENANT=N,...` (TENANT: at least 8 hex digits of a tenant's id) as {prefix: N}."""
+    found: dict[str, int] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        prefix, sep, number = entry.partition("=")
+        prefix = prefix.strip().lower()
+        valid = len(prefix) >= 8 and all(c in "0123456789abcdef" for c in prefix)
+        if not sep or not valid or not number.strip().isdigit():
+            raise ValueError(
+                f"{entry!r} is not TENANT=N (TENANT: at least 8 hex digits of a tenant's id, "
+                "N: a whole number)"
+            )
+        found[prefix] = int(number)
+    return found
 
 
 def variable(name: str) -> str:

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from ..config import Settings
 from ..egress.config import EgressConfig
-from ..errors import AtCapacity, SessionNotFound
+from ..errors import AtCapacity, SessionNotFound, TenantShareReached
 from ..protocol.calls import (
     RC_TIMEOUT,
     Display,
@@ -33,7 +33,7 @@ from . import files
 from .backends import backend_for
 from .backends.base import Backend
 from .pool import WarmPool
-from .sessions import ExecSession, victim
+from .sessions import ExecSession, TenantLimits, victim
 from .supervisor import restore_root
 
 log = logging.getLogger(__name__)
@@ -72,9 +72,14 @@ class LocalSandboxes:
     """Sessions on this machine's backend (`SANDBANK_ISOLATION`, or the one handed in)."""
 
     def __init__(
-        self, settings: Settings, backend: Backend | None = None, hooks: Hooks | None = None
+        self,
+        settings: Settings,
+        backend: Backend | None = None,
+        hooks: Hooks | None = None,
+        tenants: int = 1,
     ) -> None:
         self.settings = settings
+        self.tenant_limits = TenantLimits(settings, tenants)  # tenants: exec tokens configured
         self.backend = backend or backend_for(settings)
         self.hooks: Hooks = hooks or NoHooks()
         self.egress = EgressConfig.from_settings(settings)
@@ -123,9 +128,15 @@ class LocalSandboxes:
         """A new session; `spec.network` is a client's hint, clamped to the operator's ceiling."""
         try:
             session = await self._create(tenant, spec or SessionSpec())
-        except AtCapacity:
+        except TenantShareReached:
             self.hooks.refused()
             raise
+        except AtCapacity:
+            # No room for this tenant: it waits, and tenants at their share give way to it.
+            self.tenant_limits.refused(tenant, time.time())
+            self.hooks.refused()
+            raise
+        self.tenant_limits.served(tenant)
         self.hooks.created()
         return session.info()
 
@@ -137,7 +148,8 @@ class LocalSandboxes:
             list(self._sessions.values()),
             tenant,
             s.max_sessions,
-            s.max_sessions_per_tenant or s.max_sessions,
+            self.tenant_limits.of(tenant),
+            self.tenant_limits.waiting(time.time()),
         )
         if reclaim is not None:
             log.info("reclaiming least recently used session to make room")
