@@ -142,7 +142,7 @@ class Interpreter:
         url = database_url(self.settings)
         if not url.startswith("sqlite:///"):
             return False
-        lock = ServeLock(Path(url.removeprefix("sqlite:///")))
+        lock = ServeLock.of_database(Path(url.removeprefix("sqlite:///")))
         holder = lock.acquire()
         if holder is not None:
             log.warning(

@@ -65,9 +65,14 @@ def serve(args: argparse.Namespace) -> int:
     logs.setup(settings)  # first: what the checks log is in the log's format (JSON, perhaps)
     for warning in warnings:
         log.warning("%s", warning)
-    startup.check(settings)
-    log.info("%s", startup.summary(settings))
-    return run(settings)
+    startup.check_data_dir(settings)
+    owner = startup.own_data_dir(settings)  # before anything of the directory is touched
+    try:
+        startup.check(settings)
+        log.info("%s", startup.summary(settings))
+        return run(settings)
+    finally:
+        owner.release()
 
 
 def doctor(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from .config import Settings
 from .errors import ConfigError
+from .store.lockfile import ServeLock
 
 SUGGESTED_DATA_DIR = "/var/lib/sandbank"
 
@@ -132,6 +133,20 @@ def check_database(settings: Settings) -> None:
         ) from None
     finally:
         engine.dispose()
+
+
+def own_data_dir(settings: Settings) -> ServeLock:
+    """Take the data directory for this server, before anything in it is touched; a
+    `ConfigError` naming the holder when another server has it."""
+    path = Path(os.path.abspath(settings.data_dir))
+    lock = ServeLock.of_data_dir(path)
+    holder = lock.acquire()
+    if holder is not None:
+        raise ConfigError(
+            f"SANDBANK_DATA_DIR={path} is served by another sandbank server ({holder}): stop "
+            "it, or give this one a data directory of its own"
+        )
+    return lock
 
 
 def check(settings: Settings) -> None:
