@@ -115,7 +115,20 @@ class Settings(BaseSettings):
     memory_limit_mb: int = Field(1024, ge=16, description="Memory per session (MiB).")
     pids_limit: int = Field(256, ge=8, description="Processes and threads per session.")
     cpu_limit: float = Field(1.0, gt=0, description="CPU cores per session (CFS quota).")
-    disk_limit_mb: int = Field(1024, ge=4, description="Workspace disk per session (MiB).")
+    disk_limit_mb: int = Field(
+        1024,
+        ge=4,
+        description="Workspace disk per session (MiB), allocated on the data directory's file "
+        'system when the session starts (README, "Disk"), so what a session was told it '
+        "wrote is never lost to another's full disk.",
+    )
+    disk_reserve_mb: int = Field(
+        1024,
+        ge=0,
+        description="Space kept free on the data directory's file system for the database, "
+        "the objects and the logs (MiB): a session whose workspace would eat into it is "
+        "refused with 503.",
+    )
     tmp_limit_mb: int = Field(
         64, ge=1, description="Private /tmp per session (MiB; counts as memory)."
     )
