@@ -102,10 +102,18 @@ class Settings(BaseSettings):
         "every session shares them.",
     )
     fork_template_max_forks: int = Field(
-        200,
+        100,
         ge=0,
         description="With `isolation=fork`: sandboxes one template forks before a fresh one "
-        "replaces it (a new address layout and str-hash secret); 0 never replaces it.",
+        "replaces it (a new address layout and str-hash secret, which the children of one "
+        "template share); 0 never replaces it for this.",
+    )
+    fork_template_max_age_seconds: float = Field(
+        600.0,
+        ge=0,
+        description="With `isolation=fork`: age past which a template is replaced at its next "
+        "fork, so sandboxes sharing its secrets were all forked within this long of each "
+        "other; 0 never replaces it for this.",
     )
     runtime_dir: Path = Field(
         default_factory=_default_runtime_dir,
