@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.interpreter.harness import Server, running
+from tests.interpreter.fake_llm import FakeLLM
+from tests.interpreter.harness import Server, openai_env, running
 
 QUOTA = 200_000
 MiB = 1 << 20
@@ -179,3 +180,14 @@ def test_a_field_flood_with_a_signed_url_stops_at_the_parts_cap(server: Server) 
         assert answer.startswith(b"HTTP/1.1 400") and b"headers are larger" in answer
         assert _peak_rss(pid) - before < 8 * MiB
         assert user.ok("GET", f"/api/sessions/{sid}/files") == []
+
+
+def test_the_agent_is_told_what_the_sessions_network_policy_allows(llm: FakeLLM) -> None:
+    env = {**openai_env(llm.url), "SANDBANK_EGRESS_ALLOW": "api.example.com:443"}
+    with running(env) as server, server.new_user() as user:
+        sid = user.new_session()
+        user.ask(sid, "hello")
+        assert user.wait(sid)["status"] == "DONE"
+    system = next(m["content"] for m in llm.requests[-1]["messages"] if m["role"] == "system")
+    assert "only to api.example.com:443 (HOST:PORT)" in system
+    assert "no internet" not in system.lower()

@@ -24,7 +24,8 @@ Environment:
 - The user's files are in {workspace}, the working directory.
 - `code_execution` runs Python in a persistent interpreter: variables and imports survive \
 between calls. `bash` runs shell commands. `str_replace_based_edit_tool` views and edits files.
-- Installed: {libraries}. There is no internet access and nothing else can be installed.
+- Installed: {libraries}. Nothing else can be installed.
+- Network: {network}
 {charts}
 
 How to work: look at the data before relying on it; compute rather than guess; when code \
@@ -34,6 +35,20 @@ Answer concisely in Markdown, with tables where they help. Every figure you stat
 from code you ran.
 {recreated}
 {files}"""
+
+NO_NETWORK = "none: there is no internet access."
+SOME_NETWORK = (
+    "HTTP and HTTPS only, through a filtering proxy (libraries that honour HTTP_PROXY and "
+    "HTTPS_PROXY use it), and only to {entries} (HOST:PORT); any other address is refused."
+)
+
+
+def describe_network(policy: str) -> str:
+    """The sandbox's egress policy (`NetworkPolicy` as text: `none` or its entries) in words."""
+    if policy.strip().lower() in ("", "none"):
+        return NO_NETWORK
+    return SOME_NETWORK.format(entries=policy)
+
 
 AnswerFormat = Literal["markdown", "tags"]
 # How the answer names the files it shows (SANDBANK_AGENT_ANSWER_FORMAT).
@@ -150,13 +165,16 @@ async def build_system_prompt(
     timeout_s: float = 30.0,
     inspect_root: str = WORKSPACE,
     answer_format: AnswerFormat = "markdown",
+    network: str = "none",
 ) -> str:
-    """The system prompt for one run; `inspect_root` is where the snippet looks (tests move it)."""
+    """The system prompt for one run; `inspect_root` is where the snippet looks (tests move it);
+    `network`: the sandbox's egress policy (`none`, or its entries)."""
     files = await describe_files(workbench, timeout_s=timeout_s, inspect_root=inspect_root)
     recreated = _RECREATED.format(workspace=WORKSPACE) if sandbox_recreated else ""
     return _TEMPLATE.format(
         workspace=WORKSPACE,
         libraries=LIBRARIES,
+        network=describe_network(network),
         charts=_CHARTS[answer_format].format(workspace=WORKSPACE),
         recreated=recreated,
         files=files,

@@ -79,6 +79,7 @@ class Lease:
     sandbox_id: str
     owner: str
     placed: dict[str, float] = field(default_factory=dict)  # filename → record.updated_at
+    network: str | None = None  # its egress policy, when this replica made it
 
 
 @dataclass
@@ -369,6 +370,7 @@ class Runs:
                 limits=self.limits,
                 sandbox_recreated=recreated,
                 cancel=cancel,
+                network=lease.network or self.settings.egress_allow,
             )
             steps = result.steps
             if isinstance(result.error, LeaseLost):
@@ -448,7 +450,8 @@ class Runs:
                 return lease, False
         # Earlier turns ran in a sandbox that is gone: its variables are lost.
         recreated = lease is not None or had_history
-        lease = Lease((await self.sandboxes.create(owner)).id, owner)
+        made = await self.sandboxes.create(owner)
+        lease = Lease(made.id, owner, network=str(made.network))
         self.leases[sid] = lease
         await self.store.chats.note_sandbox(sid, self.replica, lease.sandbox_id)
         return lease, recreated
