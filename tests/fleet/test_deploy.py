@@ -98,3 +98,20 @@ def test_the_image_is_debian_12_with_what_sandboxes_need() -> None:
     for package in ("bubblewrap", "util-linux", "e2fsprogs", "mount", "python3-venv"):
         assert package in dockerfile
     assert "runtime/requirements.txt" in dockerfile
+
+
+def test_the_image_seals_and_packs_the_runtime_as_make_install_does() -> None:
+    """Unsealed, sandboxes would see the build host's paths (console scripts, pyvenv.cfg,
+    the bound directory in mountinfo) and pip would try the network."""
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    makefile = (DEPLOY.parent / "Makefile").read_text()
+    assert "scripts/seal-runtime $(RUNTIME)" in makefile
+    steps = dockerfile.split("RUN python3 -m venv .venv", 1)[1].split("\n\n", 1)[0]
+    assert "COPY scripts/seal-runtime ./scripts/seal-runtime" in dockerfile
+    order = [
+        steps.index("-r runtime/requirements.txt"),
+        steps.index("runtime/sb-init.c"),
+        steps.index("python3 scripts/seal-runtime .runtime"),
+        steps.index("test -f .runtime.img"),
+    ]
+    assert order == sorted(order)
