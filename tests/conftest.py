@@ -8,6 +8,7 @@ Tiers, as markers set here from where a test lives and what it is parametrized w
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -75,6 +76,26 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line(
             "markers", f"{tier}: a test of the `{tier}` tier (tests/conftest.py)"
         )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A server (or any process) a test started and left running fails the run, and is
+    ended so it does not outlive it."""
+    import signal
+
+    from tests.support import left_running
+
+    leftovers = left_running()
+    if not leftovers:
+        return
+    for pid, _ in leftovers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    listed = "\n".join(f"  {pid}: {cmdline}" for pid, cmdline in leftovers)
+    session.config.get_terminal_writer().line(
+        f"\nprocesses started by tests were left running (now killed):\n{listed}", red=True
+    )
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
