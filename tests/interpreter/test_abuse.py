@@ -3,15 +3,17 @@ requests, bodies sent without credentials, forms flooded with fields."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from tests.interpreter.fake_llm import FakeLLM
-from tests.interpreter.harness import Server, openai_env, running
+from tests.interpreter.harness import Client, Server, openai_env, running
 
 QUOTA = 200_000
 MiB = 1 << 20
@@ -191,3 +193,40 @@ def test_the_agent_is_told_what_the_sessions_network_policy_allows(llm: FakeLLM)
     system = next(m["content"] for m in llm.requests[-1]["messages"] if m["role"] == "system")
     assert "only to api.example.com:443 (HOST:PORT)" in system
     assert "no internet" not in system.lower()
+
+
+def test_event_streams_are_capped_per_user_and_in_all(llm: FakeLLM) -> None:
+    env = {
+        **openai_env(llm.url),
+        "SANDBANK_MAX_EVENT_STREAMS_PER_USER": "2",
+        "SANDBANK_MAX_EVENT_STREAMS": "3",
+    }
+    with running(env) as server, server.new_user() as alice, server.new_user() as bob:
+        mine, theirs = alice.new_session(), bob.new_session()
+        alice.ask(mine, "sleep")  # runs for minutes: its streams stay open
+        bob.ask(theirs, "sleep")
+        with contextlib.ExitStack() as streams:
+
+            def open_stream(user: Client, sid: str) -> httpx.Response:
+                response = streams.enter_context(
+                    user.http.stream("GET", f"/api/sessions/{sid}/events", timeout=30)
+                )
+                if response.status_code != 200:
+                    response.read()
+                return response
+
+            first = open_stream(alice, mine)
+            assert [first.status_code, open_stream(alice, mine).status_code] == [200, 200]
+            third = open_stream(alice, mine)
+            assert third.status_code == 429 and third.json()["error_code"] == 1052
+            assert open_stream(bob, theirs).status_code == 200
+            full = open_stream(bob, theirs)  # 3 open on the server
+            assert full.status_code == 503 and full.headers["retry-after"] == "5"
+            first.close()  # a stream closed by its client gives its slot back
+            deadline = time.monotonic() + 10
+            while (again := open_stream(bob, theirs)).status_code == 503:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            assert again.status_code == 200
+        alice.ok("POST", f"/api/sessions/{mine}/cancel")
+        bob.ok("POST", f"/api/sessions/{theirs}/cancel")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from sandbank.errors import BadRequest
 from sandbank.files import content_type
@@ -108,9 +110,10 @@ class InterpreterApi:
     async def session_events(self, request: Request) -> Response:
         service, user, sid = await self._in_session(request)
         raw = request.query_params.get("from", request.headers.get("last-event-id"))
-        events = await service.events(user, sid, schemas.after(raw))
-        return StreamingResponse(
+        events, release = await service.events(user, sid, schemas.after(raw))
+        return ReleasingStream(
             (schemas.event_out(e) async for e in events),
+            release,
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
@@ -158,6 +161,21 @@ class InterpreterApi:
 
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(openapi.document())
+
+
+class ReleasingStream(StreamingResponse):
+    """A streamed response that gives back what it holds once sent, or abandoned before a
+    byte of it was (a client gone before its stream started)."""
+
+    def __init__(self, content: Any, release: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
 
 
 async def _body(request: Request, limit: int) -> bytes:

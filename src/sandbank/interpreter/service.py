@@ -6,12 +6,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from sandbank.config import Settings
 from sandbank.errors import Forbidden, QuotaExceeded, SandbankError, SessionNotFound
 from sandbank.files import PresignedPost
-from sandbank.interpreter.events import Event, follow
+from sandbank.interpreter.events import Event, StreamSlots, follow
 from sandbank.interpreter.files import SessionFiles
 from sandbank.interpreter.runs import Runs
 from sandbank.store import ChatSession, FileRecord, Message, Store, User
@@ -27,6 +27,7 @@ class InterpreterService:
         self.files = files
         self.runs = runs
         self.settings = settings
+        self.streams = StreamSlots(settings.max_event_streams, settings.max_event_streams_per_user)
 
     async def _owned(self, user: User, session_id: str) -> ChatSession:
         session = await self.store.chats.get(session_id)
@@ -98,11 +99,14 @@ class InterpreterService:
 
     async def events(
         self, user: User, session_id: str, after: float | None
-    ) -> AsyncIterator[Event]:
-        """The session's event stream (see `events.follow`), once the caller may read it."""
+    ) -> tuple[AsyncIterator[Event], Callable[[], None]]:
+        """The session's event stream (see `events.follow`), once the caller may read it and
+        has a stream slot left; and the slot's release, for when the stream ends."""
         await self._owned(user, session_id)
+        release = self.streams.take(user.id)
         max_s = self.settings.event_stream_max_seconds
-        return follow(self.store, self.runs.events, session_id, after, max_s)
+        events = follow(self.store, self.runs.events, session_id, after, max_s)
+        return _released_at_end(events, release), release
 
     # --- files ---------------------------------------------------------------------------------
     async def upload_form(self, user: User, session_id: str, filename: str) -> PresignedPost:
@@ -121,3 +125,13 @@ class InterpreterService:
         with contextlib.suppress(SandbankError):
             await self.runs.shutdown()
         self.runs.events.close()  # after: streams show how the runs that finished here ended
+
+
+async def _released_at_end(
+    events: AsyncIterator[Event], release: Callable[[], None]
+) -> AsyncIterator[Event]:
+    try:
+        async for event in events:
+            yield event
+    finally:
+        release()
