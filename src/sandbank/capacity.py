@@ -12,6 +12,7 @@ when they outgrow the machine, the kernel kills inside a sandbox, never the serv
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 MiB = 1 << 20
 # Measured per idle pandas session, filling a 24 GiB machine (bench/capacity.py --fill: fork
@@ -91,14 +92,32 @@ def _read_limit(path: str) -> int:
 
 
 def derived_max_sessions(
-    isolation: str, memory_limit_mb: int, uid_count: int, total: int | None = None
+    isolation: str,
+    memory_limit_mb: int,
+    uid_count: int,
+    total: int | None = None,
+    disk_room: int | None = None,
 ) -> int:
-    """The default session count for this machine's memory and cores (README, "Capacity")."""
+    """The default session count for this machine's memory and cores (README, "Capacity"),
+    and its data disk: `disk_room` workspaces fit there, beside the warm pool's."""
     total_mib = (mem_total() if total is None else total) // MiB
     busy = max(2, os.cpu_count() or 1)
     budget = total_mib - SERVER_RESERVE_MIB - busy * memory_limit_mb
     n = budget // IDLE_COST_MIB.get(isolation, IDLE_COST_MIB["bwrap"])
+    if disk_room is not None:
+        n = min(n, disk_room - derived_pool_size(isolation, disk_room))
     return int(max(FLOOR, min(CEILING, uid_count, n)))
+
+
+def disk_room(data_dir: Path, disk_limit_mb: int, reserve_mb: int) -> int:
+    """How many workspaces of `disk_limit_mb` the data directory's file system holds now
+    beside `reserve_mb` (each is allocated whole: sandbox/host/disk.py)."""
+    path = data_dir.resolve()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    fs = os.statvfs(path)
+    free = fs.f_bavail * fs.f_frsize - reserve_mb * MiB
+    return max(0, free // (disk_limit_mb * MiB))
 
 
 def derived_pool_size(isolation: str, max_sessions: int) -> int:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .capacity import derived_max_sessions, derived_pool_size
+from .capacity import derived_max_sessions, derived_pool_size, disk_room
 from .egress.policy import NetworkPolicy
 from .egress.resolver import FixedResolver
 from .errors import ConfigError
@@ -608,8 +608,14 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _derived(self) -> Settings:
         if self.max_sessions == 0:
+            # Isolated workspaces are disk images allocated whole: the data disk bounds them.
+            room = (
+                None
+                if self.isolation == "none"
+                else disk_room(self.data_dir, self.disk_limit_mb, self.disk_reserve_mb)
+            )
             self.max_sessions = derived_max_sessions(
-                self.isolation, self.memory_limit_mb, self.uid_count
+                self.isolation, self.memory_limit_mb, self.uid_count, disk_room=room
             )
         if self.pool_size == -1:
             self.pool_size = derived_pool_size(self.isolation, self.max_sessions)
