@@ -128,12 +128,7 @@ class LocalSandboxes:
         """A new session; `spec.network` is a client's hint, clamped to the operator's ceiling."""
         try:
             session = await self._create(tenant, spec or SessionSpec())
-        except TenantShareReached:
-            self.hooks.refused()
-            raise
         except AtCapacity:
-            # No room for this tenant: it waits, and tenants at their share give way to it.
-            self.tenant_limits.refused(tenant, time.time())
             self.hooks.refused()
             raise
         self.tenant_limits.served(tenant)
@@ -144,13 +139,20 @@ class LocalSandboxes:
         if not self._accepting:
             raise AtCapacity("the server is shutting down", retry_after=30)
         s = self.settings
-        reclaim = victim(
-            list(self._sessions.values()),
-            tenant,
-            s.max_sessions,
-            self.tenant_limits.of(tenant),
-            self.tenant_limits.waiting(time.time()),
-        )
+        try:
+            reclaim = victim(
+                list(self._sessions.values()),
+                tenant,
+                s.max_sessions,
+                self.tenant_limits.of(tenant),
+                self.tenant_limits.waiting(time.time()),
+            )
+        except TenantShareReached:
+            raise
+        except AtCapacity:
+            # Every session busy: this tenant waits, and tenants at their share give way to it.
+            self.tenant_limits.refused(tenant, time.time())
+            raise
         if reclaim is not None:
             log.info("reclaiming least recently used session to make room")
             self._destroy_in_background(reclaim.id)
