@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 DATA_DIR ?= ./sandbank-data
 
-.PHONY: install install-dev system-deps test-system-deps run test test-fast lint typecheck bench clean
+.PHONY: install install-dev system-deps test-system-deps run test test-fast tiers coverage-html lint typecheck bench clean
 
 system-deps:
 	@scripts/install-system-deps
@@ -25,7 +25,9 @@ $(VENV)/.dev-installed: $(VENV)/.installed pyproject.toml
 	touch $@
 
 # The sandbox runtime: its own venv from Debian's Python, readable by the sandbox users, sealed
-# (no host path inside; pip refuses installs at run time) and packed as an image (.runtime.img).
+# (no host path inside; pip refuses installs at run time; the list of its packages written into
+# it) and packed as an image (.runtime.img). runtime/requirements.txt pins every package
+# (scripts/lock-runtime resolves runtime/requirements.in).
 $(RUNTIME)/.packages: runtime/requirements.txt
 	$(PY) -m venv $(RUNTIME)
 	rm -f $(RUNTIME)/pip.conf
@@ -34,10 +36,11 @@ $(RUNTIME)/.packages: runtime/requirements.txt
 	touch $@
 
 # sb-init, the forked sandboxes' PID 1: static, so it runs from the image whatever is inside.
-$(RUNTIME)/.installed: $(RUNTIME)/.packages runtime/sb-init.c scripts/seal-runtime
+$(RUNTIME)/.installed: $(RUNTIME)/.packages runtime/sb-init.c scripts/seal-runtime runtime/requirements.in
 	mkdir -p $(RUNTIME)/libexec
 	cc -static -Os -Wall -Wextra -Werror -o $(RUNTIME)/libexec/sb-init runtime/sb-init.c
-	$(PY) scripts/seal-runtime $(RUNTIME)
+	$(PY) scripts/seal-runtime $(RUNTIME) --requested runtime/requirements.in \
+		--extra "$(SANDBANK_EXTRA_PACKAGES)"
 	touch $@
 
 install: system-deps $(VENV)/.installed $(RUNTIME)/.installed
@@ -50,16 +53,25 @@ run: install
 lint: install-dev
 	$(VENV)/bin/ruff format --check src tests bench scripts
 	$(VENV)/bin/ruff check src tests bench scripts
+	$(VENV)/bin/lint-imports
 
 typecheck: install-dev
 	$(VENV)/bin/mypy
 
+# The whole suite with branch coverage of src/ (servers the tests start included), printed and
+# gated (pyproject's [tool.coverage.report] fail_under); `make coverage-html` then draws it.
 test: install-dev lint typecheck
-	$(VENV)/bin/pytest -q --durations=25
+	$(VENV)/bin/pytest -q --durations=25 --cov --cov-report=term
 
-# The fast tier: no root, no sandbox, no server (tests/conftest.py says which tests are which).
+# The fast tier: no root, no sandbox, no server (tests/tiers.py says which tests are which).
 test-fast: install-dev
 	$(VENV)/bin/pytest -q -m "not root and not postgres and not s3 and not chromium"
+
+tiers: install-dev
+	$(VENV)/bin/python scripts/test_tiers.py
+
+coverage-html: install-dev
+	$(VENV)/bin/coverage html && echo "open htmlcov/index.html"
 
 bench: install
 	$(VENV)/bin/python bench/runtime.py

@@ -173,7 +173,7 @@ class Bench:
                     break
                 try:
                     sids.append(self.lease_pandas(c))
-                except Exception as e:  # what stopped the fill is the result
+                except Exception as e:  # noqa: BLE001 - what stopped the fill is the result
                     why = f"a lease was refused: {e!r}"[:240]
                     break
                 if len(sids) % 100 == 0:

@@ -4,10 +4,10 @@
 
 Over HTTP (a running server speaking the code-execution protocol): the time to the first byte
 and to the first stdout event of a streamed Execute that prints a line then sleeps, and a warm
-`print(1)` plain and streamed. In this process (the worker's own code, no sandbox): what the
-display machinery adds to a warm `print(1)` cell (the runner as the worker has it, against the
-same cell run without its display bookkeeping), and what a call's output capture (two markers
-per pipe, written and found by the drain threads) costs.
+`print(1)` plain and streamed. In the runtime's Python (the worker's own code, no sandbox): what
+the notebook machinery (IPython's shell, display bundles, figures) adds to a warm `print(1)`
+cell, against the same cell as a bare `exec`, and what a call's output capture (two markers per
+pipe, written and found by the drain threads) costs.
 """
 
 from __future__ import annotations
@@ -17,13 +17,15 @@ import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import http_protocol  # bench/, beside this script
-from sandbank.sandbox.inside import pyexec
-from sandbank.sandbox.inside.capture import Capture
+
+REPO = Path(__file__).resolve().parent.parent
 
 STREAMED = "import time\nprint('first line', flush=True)\ntime.sleep(0.5)\nprint('second')"
 
@@ -77,13 +79,6 @@ def over_http(url: str, token: str | None, rounds: int) -> None:
     print(f"{'streamed exec: whole (prints, sleeps 0.5 s)':<44} {median_ms(wholes)}")
 
 
-class PlainRunner(pyexec.PythonRunner):
-    """The runner without its display bookkeeping: no bundles list, no echo check, no figures."""
-
-    def run(self, code: str) -> int:
-        return self._run(code)
-
-
 def timed(fn: Callable[[], object], rounds: int) -> list[float]:
     samples = []
     for _ in range(rounds):
@@ -94,22 +89,34 @@ def timed(fn: Callable[[], object], rounds: int) -> list[float]:
 
 
 def in_process(rounds: int) -> None:
-    """Worker-side figures; fds 1 and 2 are the capture's pipes meanwhile, restored after."""
-    saved = os.dup(1), os.dup(2)
-    pid = os.getpid()
-    full, plain = pyexec.PythonRunner({}, pid), PlainRunner({}, pid)
+    """Worker-side figures, in the runtime's Python (IPython is there, not in the server's)."""
+    try:
+        import IPython  # noqa: F401
+    except ImportError:
+        runtime = REPO / ".runtime" / "bin" / "python3"
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+        argv = [str(runtime), __file__, "--rounds", str(rounds), "--worker-only"]
+        subprocess.run(argv, env=env, check=True)
+        return
+    from sandbank.sandbox.inside import notebook, pyexec
+    from sandbank.sandbox.inside.capture import Capture
+
+    saved = os.dup(1), os.dup(2)  # fds 1 and 2 are the capture's pipes meanwhile
+    runner = pyexec.PythonRunner(notebook.session_shell(), os.getpid())
+    namespace: dict[str, object] = {}
     results: dict[str, list[float]] = {}
     try:
         with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
-            for runner in (full, plain):
-                runner.run("print(0)")
+            runner.run("print(0)")
             for _ in range(3):  # interleaved, so drift hits both alike
-                for name, runner in (("with display", full), ("without display", plain)):
-                    results.setdefault(name, []).extend(
-                        timed(lambda r=runner: r.run("print(1)"), rounds)
-                    )
-                results.setdefault("echo 1 (with display)", []).extend(
-                    timed(lambda: full.run("1"), rounds)
+                results.setdefault("print(1), notebook (IPython)", []).extend(
+                    timed(lambda: runner.run("print(1)"), rounds)
+                )
+                results.setdefault("print(1), bare exec", []).extend(
+                    timed(lambda: exec(compile("print(1)", "<c>", "exec"), namespace), rounds)  # noqa: S102
+                )
+                results.setdefault("echo 1, notebook (IPython)", []).extend(
+                    timed(lambda: runner.run("1"), rounds)
                 )
         Capture(1 << 20)  # the drain threads start once
         results["capture (markers in, found)"] = timed(
@@ -121,10 +128,10 @@ def in_process(rounds: int) -> None:
         os.dup2(saved[1], 2)
     for name, samples in results.items():
         print(f"{'cell ' + name:<44} {median_ms(samples)}")
-    overhead = statistics.median(results["with display"]) - statistics.median(
-        results["without display"]
+    overhead = statistics.median(results["print(1), notebook (IPython)"]) - statistics.median(
+        results["print(1), bare exec"]
     )
-    print(f"{'display machinery on print(1) (difference)':<44} {overhead * 1000:+10.4f} ms")
+    print(f"{'notebook machinery on print(1) (difference)':<44} {overhead * 1000:+10.4f} ms")
 
 
 def main() -> None:
@@ -132,7 +139,11 @@ def main() -> None:
     ap.add_argument("--url", help="a server speaking the code-execution protocol")
     ap.add_argument("--token")
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker_only:
+        in_process(args.rounds)
+        return
     in_process(max(args.rounds, 1000))
     if args.url:
         over_http(args.url, args.token, args.rounds)

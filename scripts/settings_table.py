@@ -1,7 +1,8 @@
-"""Prints (or with --write, updates in README.md) the settings and API-additions tables."""
+"""Prints (or with --write, updates in README.md) the settings, API-additions, packages tables."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,9 @@ def describe(doc: dict[str, Any], dotted: str) -> str:
     if isinstance(node, list):  # parameters: the first one's description
         node = node[0]
     operations = [node[m] for m in ("get", "post", "delete") if m in node]
-    if operations:  # a new path: its first operation
+    if (
+        operations and "description" not in node
+    ):  # a new path: its own words, or its first operation's
         node = operations[0]
     if "schema" in node and "description" not in node:  # a new media type of a response
         node = node["schema"]
@@ -62,6 +65,43 @@ def additions_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
+
+
+def packages_table(runtime: Path = RUNTIME) -> str:
+    """The runtime's packages as runtime/requirements.in groups them, pinned by its lock."""
+    pins = {}
+    for line in (runtime / "requirements.txt").read_text().splitlines():
+        name, sep, version = line.partition("==")
+        if sep:
+            pins[normalize(name)] = version.strip()
+    groups: list[tuple[str, list[str]]] = []
+    comment: list[str] = []
+    started = False
+    for raw in (runtime / "requirements.in").read_text().splitlines():
+        line = raw.strip()
+        if line.startswith("#"):
+            comment.append(line.lstrip("# "))
+        elif not line:
+            if comment and started:
+                groups.append((" ".join(comment), []))
+            started = started or bool(comment)
+            comment = []
+        else:
+            if comment:  # a group's heading right above its first package
+                groups.append((" ".join(comment), []))
+                comment = []
+            name = line.split("#", 1)[0].strip()
+            groups[-1][1].append(f"{name} {pins[normalize(name)]}")
+    rows = ["| | Packages (their dependencies besides) |", "|---|---|"]
+    rows += [f"| {title} | {', '.join(names)} |" for title, names in groups if names]
+    return "\n".join(rows) + "\n"
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def replace_between(text: str, marker: str, body: str) -> str:
     start, end = f"<!-- {marker} -->\n", f"<!-- /{marker} -->"
     head, _, rest = text.partition(start)
@@ -75,6 +115,7 @@ def main() -> int:
     current = readme.read_text()
     text = replace_between(current, "settings-table", settings_table())
     text = replace_between(text, "additions-table", additions_table())
+    text = replace_between(text, "packages-table", packages_table())
     if "--write" in sys.argv:
         readme.write_text(text)
     elif "--check" in sys.argv:

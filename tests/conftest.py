@@ -1,80 +1,29 @@
-"""Suite-wide guards (no test reaches a real LLM) and the tiers of the suite.
+"""Suite-wide guards (no test reaches a real LLM) and the tiers of the suite (tests/tiers.py).
 
-Tiers, as markers set here from where a test lives and what it is parametrized with:
-- `root`: starts real sandboxes or servers (needs root, bubblewrap, cgroups, loop devices);
-- `postgres`, `s3`, `chromium`: needs Debian's PostgreSQL, moto's S3 server, or Chromium;
-- everything else is the fast tier: `make test-fast` (no root, seconds).
+A test's tier comes from the fixtures it uses: `root`, `postgres`, `s3`, `chromium`; everything
+else is the fast tier (`make test-fast`). A fast test that starts a real server or a real sandbox
+backend without a fixture saying so fails: the fast tier stays honest.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from tests.tiers import TIERS, needs, tiers_of
+
 # Set before any Settings is built (SANDBANK_TEST_REAL_LLM=1 lifts it for the opt-in test).
 os.environ["SANDBANK_LLM_OFFLINE"] = "1"
-
-REPO = Path(__file__).resolve().parents[1]
-TIERS = ("root", "postgres", "s3", "chromium")
-# Where tests start real sandboxes or `sandbank serve` (prefixes of paths from the checkout).
-ROOT = (
-    "tests/sandbox/",
-    "tests/execapi/",
-    "tests/interpreter/test_life",
-    "tests/interpreter/test_abuse",
-    "tests/interpreter/test_lifecycle",
-    "tests/interpreter/test_remote_stack",
-    "tests/interpreter/test_spec_client",
-    "tests/interpreter/test_replica",
-    "tests/leasing/test_remote.py",
-    "tests/fleet/",
-    "tests/egress/",
-    "tests/edges/",
-    "tests/agent/test_loop_real_sandbox",
-    "tests/agent/test_inspect_real_sandbox",
-    "tests/interpreter/test_cli",
-    "tests/interpreter/test_logs",
-    "tests/interpreter/test_metrics",
-    "tests/interpreter/test_sqlite_lock",
-    "tests/test_metrics",
-    "tests/web/test_page_states",
-    "tests/web/test_reference",
-    "tests/web/test_ui",
-    "tests/web/test_tags",
-    "tests/test_cli",
-    "tests/test_doctor",
-    "tests/test_fuzz",
-)
-CHROMIUM = (
-    "tests/web/test_ui",
-    "tests/web/test_tags",
-    "tests/web/test_page_states",
-    "tests/web/test_reference",
-)
-
-
-def tiers_of(item: pytest.Item) -> set[str]:
-    path = item.path.relative_to(REPO).as_posix()
-    params = {str(v) for v in getattr(getattr(item, "callspec", None), "params", {}).values()}
-    found = set()
-    if path.startswith(ROOT) and "fake" not in params:
-        found.add("root")
-    if path.startswith(CHROMIUM):
-        found.add("chromium")
-    if "postgresql" in params or "remote_stack" in path or "replica" in path:
-        found.add("postgres")
-    if "s3" in params or path.endswith("test_s3.py") or "remote_stack" in path:
-        found.add("s3")
-    return found
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for tier in TIERS:
         config.addinivalue_line(
-            "markers", f"{tier}: a test of the `{tier}` tier (tests/conftest.py)"
+            "markers", f"{tier}: needs what the `{tier}` tier has (tests/tiers.py)"
         )
 
 
@@ -102,3 +51,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for tier in tiers_of(item):
             item.add_marker(tier)
+
+
+@pytest.fixture(autouse=True)
+def _honest_tier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """In the fast tier, starting a real server or a real backend fails the test at once."""
+    if request.node.get_closest_marker("root") is not None:
+        yield
+        return
+    from sandbank.sandbox.backends.unisolated import UnisolatedBackend
+    from sandbank.sandbox.host.machine import IsolatedHost
+    from tests.support import Server
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        pytest.fail(
+            f"{request.node.nodeid} starts a real server or sandbox backend but uses no fixture "
+            "of the root tier: take one (tests/tiers.py `needs`), or use the fake backend"
+        )
+
+    monkeypatch.setattr(Server, "start", refuse)
+    monkeypatch.setattr(IsolatedHost, "check", refuse)
+    monkeypatch.setattr(UnisolatedBackend, "check", refuse)
+    yield
+
+
+@pytest.fixture
+@needs("root")
+def machine() -> None:
+    """For a test that starts real sandboxes or servers itself: it needs the root tier."""

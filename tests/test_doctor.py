@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandbank import doctor
+from sandbank.sandbox.host import manifest
 from sandbank.store import open_store
 from tests.agent.fake_llm_servers import openai_answer, serve
 from tests.support import data_dir, free_port, settings
@@ -35,10 +36,10 @@ def lines_of(text: str) -> dict[str, str]:
 
 
 def test_a_healthy_machine_passes_and_a_sandbox_really_imports(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, machine: None
 ) -> None:
-    # The real list takes ~10 s of imports; a smaller one proves the same path.
-    monkeypatch.setattr(doctor, "DATA_STACK", "json, numpy")
+    # The real list takes ~20 s of imports; a smaller one proves the same path.
+    monkeypatch.setattr(doctor, "modules_to_import", lambda settings: ["json", "numpy"])
     out = io.StringIO()
     with data_dir() as data:
         code = doctor.run_checks(settings(data, port=free_port()), model=False, out=out)
@@ -47,20 +48,30 @@ def test_a_healthy_machine_passes_and_a_sandbox_really_imports(
     for name in ("root", "isolation tools", "cgroups", "loop devices", "data dir", "storage"):
         assert report[name].startswith("ok "), report[name]
     assert report["runtime image"].startswith("ok ")
-    assert "a sandbox imports the data stack" in report["runtime image"]
+    assert "a sandbox imports all 2 modules of the image" in report["runtime image"]
     assert "empty; `sandbank serve` creates the schema" in report["database"]
     assert report["model"].startswith("warn ")
     assert out.getvalue().rstrip().endswith("all checks passed")
 
 
 def test_a_missing_module_in_the_runtime_fails_with_the_fix(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, machine: None
 ) -> None:
-    monkeypatch.setattr(doctor, "DATA_STACK", "json, no_such_module_here")
+    monkeypatch.setattr(
+        doctor, "modules_to_import", lambda settings: ["json", "no_such_module_here"]
+    )
     with data_dir() as data, pytest.raises(doctor.Failed) as caught:
         asyncio.run(doctor.check_runtime(settings(data)))
     assert "No module named 'no_such_module_here'" in caught.value.detail
     assert caught.value.fix == "rebuild the runtime image: `make clean install`"
+
+
+def test_the_modules_imported_are_the_runtime_images_own_list() -> None:
+    with data_dir() as data:
+        s = settings(data)
+        names = doctor.modules_to_import(s)
+    assert names == manifest.modules(manifest.load(s.runtime_dir))
+    assert {"pandas", "sklearn", "IPython", "cv2", "bs4", "yaml", "docx", "xgboost"} <= set(names)
 
 
 def test_failures_are_each_named_with_a_fix_and_exit_1() -> None:
@@ -116,7 +127,7 @@ def test_the_model_gets_one_token_only_when_asked() -> None:
         with pytest.raises(doctor.Skipped):
             asyncio.run(doctor.model_check(False)(s))  # type: ignore[arg-type]
         assert fake.requests == []
-        seen = asyncio.run(doctor.model_check(True)(s))  # type: ignore[arg-type]
+        seen: str = asyncio.run(doctor.model_check(True)(s))  # type: ignore[arg-type]
     assert "openai:gpt-fake at " in seen and " answered in " in seen
     assert len(fake.requests) == 1
     sent = fake.requests[0]

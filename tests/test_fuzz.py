@@ -35,7 +35,7 @@ def server_errors(report: str) -> list[str]:
 
 
 @pytest.mark.timeout(600)
-def test_no_request_makes_either_api_answer_5xx() -> None:
+def test_no_request_makes_either_api_answer_5xx(machine: None) -> None:
     with data_dir() as d:
         server = Server(d, pool_size=1).start()
         try:

@@ -11,12 +11,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import Server, data_dir
+from tests.tiers import needs
 
 TOKEN = "metrics-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 def server() -> Iterator[Server]:
     with data_dir() as d:
         srv = Server(d, max_sessions=1, exec_tokens=TOKEN, output_limit_bytes=1024).start()

@@ -67,5 +67,7 @@ def test_every_route_served_is_documented(config: str, data: Path) -> None:
 
 
 def test_the_walk_finds_a_route_that_is_not_documented() -> None:
-    extra = [Mount("/api", routes=[Route("/sessions/{session_id}/secret", lambda r: None)])]
+    extra: list[BaseRoute] = [
+        Mount("/api", routes=[Route("/sessions/{session_id}/secret", lambda r: None)])
+    ]
     assert set(served(extra)) - documented() == {("/api/sessions/{session_id}/secret", "GET")}

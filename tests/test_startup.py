@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbank.config import ConfigError, Settings, load_settings, unknown_variables
+from sandbank.config import Settings, load_settings, unknown_variables
+from sandbank.errors import ConfigError
 from sandbank.startup import check, check_data_dir, check_model, summary
 from tests.support import data_dir
 

@@ -41,6 +41,8 @@ from .interpreter.identity import Identity
 from .interpreter.routes import InterpreterApi
 from .interpreter.runs import Runs
 from .interpreter.service import InterpreterService
+from .mcp.door import McpDoor
+from .mcp.http import McpHttp
 from .metrics import MeteredModel, Metrics, SandboxHooks, endpoint
 from .sandbox.local import LocalSandboxes
 from .sandbox.port import Sandboxes
@@ -222,6 +224,11 @@ class Services:
             door_sandboxes = sandboxes
             self.exec_api = ExecApi(sandboxes, self.auth, s)
         self.sandboxes = door_sandboxes
+        # MCP is another door on the code-execution API's sessions, behind its tokens; a node
+        # serves its fronts only, and they serve MCP.
+        self.mcp: McpHttp | None = None
+        if s.exec_api != "off" and s.role != "node":
+            self.mcp = McpHttp(McpDoor(door_sandboxes, s), self.auth)
         self.interpreter: Interpreter | None = None
         if s.interpreter_api == "on":
             if s.sandbox_url:
@@ -309,6 +316,8 @@ def create_app(
     if settings.exec_api == "on":
         routes += services.exec_api.routes()
         routes.append(Route("/openapi.json", _openapi, methods=["GET"]))
+        if services.mcp is not None:
+            routes.append(services.mcp.route())
     else:
         routes.append(Route("/health", services.exec_api.health, methods=["GET"]))
     if settings.web_ui == "on" and services.interpreter is not None:
@@ -330,7 +339,11 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await services.start()
         try:
-            yield
+            # The MCP transport's tasks live in this task (on the exec listener's app too).
+            async with contextlib.AsyncExitStack() as stack:
+                if services.mcp is not None:
+                    await stack.enter_async_context(services.mcp.running())
+                yield
         finally:
             await services.stop()
 
@@ -345,13 +358,17 @@ def create_app(
 
 
 def create_exec_app(services: Services, settings: Settings) -> Starlette:
-    """The code-execution API alone, for a listener of its own over the main app's services."""
+    """The code-execution API alone, for a listener of its own over the main app's services
+    (whose lifespan runs them, MCP's transport included)."""
+    routes: list[BaseRoute] = [
+        *services.exec_api.routes(),
+        Route("/openapi.json", _openapi, methods=["GET"]),
+        Route("/metrics", endpoint(services.metrics, services.auth), methods=["GET"]),
+    ]
+    if services.mcp is not None:
+        routes.append(services.mcp.route())
     return Starlette(
-        routes=[
-            *services.exec_api.routes(),
-            Route("/openapi.json", _openapi, methods=["GET"]),
-            Route("/metrics", endpoint(services.metrics, services.auth), methods=["GET"]),
-        ],
+        routes=routes,
         middleware=[
             Middleware(AccessMiddleware, metrics=services.metrics),
             Middleware(HostAllowList, allowed=settings.allowed_hosts.split(",")),

@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import SecretStr
+
 from .config import Settings, load_settings, unknown_variables
 from .errors import ConfigError, SandbankError
 
@@ -73,6 +75,26 @@ def serve(args: argparse.Namespace) -> int:
         return run(settings)
     finally:
         owner.release()
+
+
+def mcp(args: argparse.Namespace) -> int:
+    """MCP over stdio: this machine's sandboxes in-process, or a running server's (`--url`)."""
+    from . import logs, startup
+    from .mcp.stdio import run
+
+    url = args.url
+    warnings: list[str] = []
+    settings = _settings(args, uses_data_dir=url is None, warn=warnings.append)
+    if url is not None:
+        token = args.token or settings.sandbox_token.get_secret_value()
+        settings = settings.model_copy(update={"sandbox_token": SecretStr(token or "")})
+    logs.setup(settings)  # to stderr: stdout carries the protocol
+    for warning in warnings:
+        log.warning("%s", warning)
+    if url is None:
+        startup.check_data_dir(settings)
+        startup.check_isolation(settings)
+    return run(settings, url)
 
 
 def doctor(args: argparse.Namespace) -> int:
@@ -302,6 +324,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port to listen on (sets SANDBANK_PORT; default 8080)")
     data_dir_option(p)
     p.set_defaults(func=serve)
+
+    p = sub.add_parser(
+        "mcp",
+        help="serve the sandboxes to an MCP client over stdio (a desktop client starts it)",
+        description="Serve Sandbank's MCP tools over stdin/stdout: this machine's sandboxes in "
+        "this process (as `serve` makes them, so as root for real isolation), or with --url "
+        "those of a running server, through its code-execution API (no privilege needed).",
+    )
+    data_dir_option(p)
+    p.add_argument(
+        "--url", help="a running server's code-execution API, e.g. http://127.0.0.1:8080"
+    )
+    p.add_argument(
+        "--token", help="its bearer token (default SANDBANK_SANDBOX_TOKEN; with --url only)"
+    )
+    p.set_defaults(func=mcp)
 
     p = sub.add_parser("doctor", help="check this machine and the settings; exit 1 on a failure")
     data_dir_option(p)

@@ -258,6 +258,13 @@ class Settings(BaseSettings):
         description="Bytes per second every session together may move through the proxy; 0: "
         "no limit.",
     )
+    extra_ca_file: Path | None = Field(
+        None,
+        description="A PEM file of CA certificates every sandbox trusts besides the system's "
+        "(a corporate proxy's, a private index's): appended to the store sandboxes read at "
+        "/etc/ssl/certs/ca-certificates.crt, which `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`, "
+        "`CURL_CA_BUNDLE` and `PIP_CERT` name.",
+    )
     egress_test_hosts: str = Field(
         "",
         description="FOR TESTS ONLY: comma-separated `name=address` answers the proxy uses "

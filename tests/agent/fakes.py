@@ -57,7 +57,7 @@ class FakeWorkbench:
         self.namespace["WORKSPACE"] = str(self.root)
         try:
             exec(compile(code, "<cell>", "exec"), self.namespace)  # noqa: S102  # the fake is in-process by design
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - the fake reports the program's failure
             err.write(traceback.format_exc())
             return out.getvalue(), err.getvalue(), 1
         return out.getvalue(), err.getvalue(), 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sandbank.agent.history import SHORTENED_MARK, replay
 from sandbank.agent.interfaces import HistoryMessage
 from sandbank.agent.model import AssistantMessage, ToolResultMessage, UserMessage
@@ -28,7 +30,7 @@ def one_turn(n: int, output: str) -> list[HistoryMessage]:
     ]
 
 
-def results(messages: list[object]) -> list[str]:
+def results(messages: Sequence[object]) -> list[str]:
     return [m.content for m in messages if isinstance(m, ToolResultMessage)]
 
 

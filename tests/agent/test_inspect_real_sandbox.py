@@ -12,6 +12,7 @@ from sandbank.protocol.calls import PythonCall
 from sandbank.sandbox.local import LocalSandboxes
 from sandbank.sandbox.sessions import ExecSession
 from tests.support import data_dir, settings
+from tests.tiers import needs
 
 pytestmark = pytest.mark.anyio
 TENANT = "inspect-tests"
@@ -34,12 +35,13 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
+@needs("root")
 async def session() -> AsyncIterator[tuple[LocalSandboxes, ExecSession]]:
     with data_dir() as data:
         runtime = LocalSandboxes(settings(data))
         await runtime.start()
         try:
-            yield runtime, await runtime.create(TENANT)
+            yield runtime, runtime.session((await runtime.create(TENANT)).id, TENANT)
         finally:
             await runtime.close()
 

@@ -17,6 +17,7 @@ from sandbank.sandbox.local import LocalSandboxes
 from sandbank.sandbox.port import chunks_of
 from tests.agent.fakes import RecordingSink
 from tests.support import data_dir, settings
+from tests.tiers import needs
 
 OWNER = "agent-tests"
 CSV = "city,sales\nOslo,10\nLima,32\n"
@@ -34,6 +35,7 @@ def module_data() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 async def sandboxes(module_data: Path) -> AsyncIterator[LocalSandboxes]:
     s = settings(module_data)
     local = LocalSandboxes(s)

@@ -3,27 +3,31 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from sandbank.agent.inspect_snippet import MARKER
+from sandbank.agent.loop import RunLimits
 from sandbank.agent.prompt import build_system_prompt
+from sandbank.config import Settings
 from sandbank.protocol.calls import PythonCall
+from sandbank.sandbox.host import manifest
 from tests.agent.fakes import FakeWorkbench
 
 pytestmark = pytest.mark.anyio
 
 
-async def prompt(workbench: FakeWorkbench) -> str:
+async def prompt(workbench: FakeWorkbench, libraries: str = "pandas 3.1.1, sympy 1.14.0") -> str:
     return await build_system_prompt(
-        workbench, sandbox_recreated=False, inspect_root=str(workbench.root)
+        workbench, sandbox_recreated=False, inspect_root=str(workbench.root), libraries=libraries
     )
 
 
 async def test_the_prompt_names_the_environment_without_files(workbench: FakeWorkbench) -> None:
     text = await prompt(workbench)
     assert "/workspace" in text and "no internet" in text.lower()
-    assert "pandas" in text and "scikit-learn" in text and "sympy" in text
+    assert "Installed Python packages (and their dependencies): pandas 3.1.1, sympy 1.14.0." in text
     assert "![chart](figure_1.png)" in text and "Markdown" in text
     assert "There are no uploaded files yet." in text
     assert workbench.calls == []
@@ -109,3 +113,21 @@ async def test_the_prompt_says_what_the_network_policy_allows(workbench: FakeWor
         workbench, sandbox_recreated=False, inspect_root=str(workbench.root), network="none"
     )
     assert "Network: none: there is no internet access." in closed
+
+
+async def test_the_packages_named_are_the_runtime_images_own_list(
+    workbench: FakeWorkbench, tmp_path: Path
+) -> None:
+    runtime = Settings(data_dir=tmp_path).runtime_dir  # the one `make install` built
+    listed = RunLimits.from_settings(Settings(data_dir=tmp_path, runtime_dir=runtime)).libraries
+    packages = manifest.load(runtime)
+    assert listed == manifest.describe(packages) and packages
+    for name in ("pandas", "scikit-learn", "ipython", "requests", "opencv-python-headless"):
+        version = next(p.version for p in packages if p.name == name)
+        assert f"{name} {version}" in listed
+    assert "numpy-" not in listed and "jedi" not in listed  # dependencies are not listed
+    text = await prompt(workbench, listed)
+    assert f"Installed Python packages (and their dependencies): {listed}." in text
+    # A runtime built before it had a list: the model is told where to look instead.
+    empty = RunLimits.from_settings(Settings(data_dir=tmp_path, runtime_dir=tmp_path)).libraries
+    assert empty == "" and "`pip list` shows" in await prompt(workbench, empty)

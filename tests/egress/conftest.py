@@ -12,6 +12,7 @@ import pytest
 from sandbank.sandbox.local import LocalSandboxes
 from tests.egress.upstream import Upstream, make_ca, make_wheel, serve_index
 from tests.support import data_dir, settings
+from tests.tiers import param
 
 PACKAGE = "sbtestpkg"  # depends on numpy, which the runtime image has: it is not reinstalled
 
@@ -50,7 +51,7 @@ def module_data() -> Iterator[Path]:
         yield path
 
 
-@pytest.fixture(scope="module", params=["bwrap", "fork"])
+@pytest.fixture(scope="module", params=[param("bwrap", "root"), param("fork", "root")])
 async def runtime(
     request: pytest.FixtureRequest, module_data: Path, world: World
 ) -> AsyncIterator[LocalSandboxes]:

@@ -9,6 +9,7 @@ import pytest
 
 from tests.egress.upstream import Upstream
 from tests.support import Server, data_dir
+from tests.tiers import needs
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +19,7 @@ def web() -> Iterator[Upstream]:
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 def client(web: Upstream) -> Iterator[httpx.Client]:
     p = web.port
     with data_dir() as d:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbank.egress.config import EgressConfig
 from sandbank.egress.policy import NetworkPolicy, PolicyError, is_public, normalize_name
+from sandbank.sandbox.egress import EgressConfig
 from tests.support import settings
 
 

@@ -180,7 +180,7 @@ async def test_a_hint_narrows_the_operators_list_and_cannot_widen_it(
         await runtime.destroy(sb.session.id, "tests")
 
 
-async def test_the_default_stays_no_network_at_all(world: World) -> None:
+async def test_the_default_stays_no_network_at_all(world: World, machine: None) -> None:
     """No policy set: no proxy, no socket, no relay, no variables; pip says why it fails."""
     with data_dir() as data:
         rt = LocalSandboxes(settings(data, cpu_limit=0.5))

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from tests.support import REPO, Server, data_dir
+from tests.tiers import needs
 
 # The repository's own copy of contract v1 (tests/test_contracts.py keeps it equal to the
 # user's document when ../shared is beside the checkout).
@@ -43,6 +44,7 @@ def contract(spec: dict[str, Any]) -> Contract:
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 def server() -> Iterator[Server]:
     with data_dir() as d:
         srv = Server(

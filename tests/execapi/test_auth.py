@@ -15,11 +15,13 @@ from sandbank.config import Settings
 from sandbank.errors import SandbankError
 from tests.execapi.conftest import Contract
 from tests.support import Server, data_dir
+from tests.tiers import needs
 
 TOKENS = "tok-alice-0123456789,tok-bob-9876543210"
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 def server() -> Iterator[Server]:
     with data_dir() as d:
         srv = Server(d, exec_tokens=TOKENS, max_sessions=2).start()
@@ -121,14 +123,14 @@ def test_refuses_to_expose_an_unauthenticated_api_beyond_loopback() -> None:
     check_exposure(Settings(host="127.0.0.1"), [])
 
 
-def test_serve_on_a_public_address_without_tokens_exits_saying_why() -> None:
+def test_serve_on_a_public_address_without_tokens_exits_saying_why(machine: None) -> None:
     with data_dir() as d:
         srv = Server(d, host="0.0.0.0")
         with pytest.raises(RuntimeError, match="refusing to serve the code-execution API"):
             srv.start(timeout=20)
 
 
-def test_sigterm_ends_running_calls_with_a_result_and_removes_everything() -> None:
+def test_sigterm_ends_running_calls_with_a_result_and_removes_everything(machine: None) -> None:
     with data_dir() as d:
         srv = Server(d).start()
         with srv.client() as c:
@@ -163,7 +165,7 @@ def test_sigterm_ends_running_calls_with_a_result_and_removes_everything() -> No
         assert disk.mounts_under(d) == []
 
 
-def test_the_api_can_have_a_listener_of_its_own() -> None:
+def test_the_api_can_have_a_listener_of_its_own(machine: None) -> None:
     from tests.support import free_port
 
     port = free_port()

@@ -455,7 +455,9 @@ def test_put_file_is_visible_to_the_interpreter_and_owned_by_the_session(
     assert r.status_code == 201 and r.json()["path"] == "evil name_.txt"
 
 
-def test_put_file_over_the_cap_is_413_and_nothing_is_written(contract: Contract) -> None:
+def test_put_file_over_the_cap_is_413_and_nothing_is_written(
+    contract: Contract, machine: None
+) -> None:
     with data_dir() as d:
         srv = Server(d, put_file_max_bytes=1000).start()
         try:

@@ -11,6 +11,7 @@ import pytest
 
 from tests.execapi.conftest import run
 from tests.support import Server, data_dir
+from tests.tiers import needs
 
 
 def _loop_devices_of(path: str) -> list[str]:
@@ -19,6 +20,7 @@ def _loop_devices_of(path: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 def unpooled() -> Iterator[Server]:
     """A server without a warm pool: every loop device under its data dir is a session's."""
     with data_dir() as d:

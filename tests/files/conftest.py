@@ -16,6 +16,7 @@ import pytest
 from sandbank.config import Settings
 from sandbank.files import ObjectStore, open_object_store
 from tests.postgres import free_port
+from tests.tiers import needs, param
 
 
 @pytest.fixture
@@ -24,6 +25,7 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="session")
+@needs("s3")
 def moto_endpoint() -> Iterator[str]:
     """A moto S3 server in its own process (its warnings stay out of this one)."""
     port = free_port()
@@ -66,13 +68,13 @@ def s3_settings(endpoint: str, tmp_path: Path) -> Settings:
         storage_url=f"s3://{bucket}/prefix",
         s3_endpoint_url=endpoint,
         s3_region="us-east-1",
-        s3_access_key_id="testing",  # type: ignore[arg-type]
-        s3_secret_access_key="testing",  # type: ignore[arg-type]
+        s3_access_key_id="testing",
+        s3_secret_access_key="testing",
         data_dir=tmp_path,
     )
 
 
-@pytest.fixture(params=["local", "s3", "memory"])
+@pytest.fixture(params=["local", param("s3", "s3"), "memory"])
 def storage_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
     if request.param == "s3":
         return s3_settings(request.getfixturevalue("moto_endpoint"), tmp_path)

@@ -122,7 +122,7 @@ def test_the_signing_key_is_created_once_private_and_reused(tmp_path: Path) -> N
     path = tmp_path / "data" / "signing.key"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert load_signing_key(settings) == first and len(first) >= 64
-    configured = Settings(data_dir=tmp_path / "data", signing_key="configured")  # type: ignore[arg-type]
+    configured = Settings(data_dir=tmp_path / "data", signing_key="configured")
     assert load_signing_key(configured) == b"configured"
 
 

@@ -11,6 +11,7 @@ import yaml
 import tests.execapi.test_conformance as single_server
 from tests.execapi.conftest import SPEC_PATH, client, contract, session_id
 from tests.fleet.support import LoopbackFleet, scratch_dir
+from tests.tiers import needs
 
 __all__ = ["client", "contract", "session_id"]  # the suite's fixtures, used here too
 
@@ -22,6 +23,7 @@ globals().update(
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 def server() -> Iterator[LoopbackFleet]:
     with scratch_dir() as root:
         fleet = LoopbackFleet(root, nodes=2).start()

@@ -13,11 +13,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fleet.support import TOKEN, LoopbackFleet, front, node, scratch_dir
+from tests.tiers import needs
 
 CODE = {"tool": "code_execution", "input": {"code": "print(6 * 7)"}}
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 def fleet() -> Iterator[LoopbackFleet]:
     with scratch_dir() as root:
         f = LoopbackFleet(root, nodes=2, node_overrides={"fleet_drain_grace_seconds": 4}).start()
@@ -208,7 +210,7 @@ def test_a_killed_node_answers_gone_at_once_and_new_sessions_go_elsewhere(
     client.delete(f"/sessions/{again}")
 
 
-def test_dns_membership_and_tenants_through_a_front_with_exec_tokens() -> None:
+def test_dns_membership_and_tenants_through_a_front_with_exec_tokens(machine: None) -> None:
     with scratch_dir() as root:
         (root / "n").mkdir(mode=0o711)
         (root / "f").mkdir(mode=0o711)

@@ -25,6 +25,7 @@ from tests.interpreter.fake_llm import FakeLLM, fake_llm
 from tests.interpreter.harness import Client, Server, openai_env
 from tests.postgres import running_postgres
 from tests.support import TEST_LIMITS
+from tests.tiers import needs
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 CODE = {"tool": "code_execution", "input": {"code": "print(6 * 7)"}}
@@ -100,6 +101,7 @@ def llm() -> Iterator[FakeLLM]:
 
 
 @pytest.fixture(scope="module")
+@needs("postgres", "s3")
 def storage(moto_endpoint: str) -> Iterator[dict[str, str]]:  # noqa: F811
     """The suite's PostgreSQL and S3 (moto) servers, for the front with the interpreter API."""
     bucket = f"sandbank-{uuid.uuid4().hex[:12]}"
@@ -122,6 +124,7 @@ def storage(moto_endpoint: str) -> Iterator[dict[str, str]]:  # noqa: F811
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 def fleet(llm: FakeLLM, storage: dict[str, str]) -> Iterator[RealFleet]:
     bridge = Bridge(3).create()
     try:
@@ -183,7 +186,8 @@ def test_kill_9_of_a_node_a_clear_404_at_once_new_sessions_elsewhere_the_chat_re
     with http(fleet, 1) as c:
         # Held until some land on the holder: the front places each on the least loaded node,
         # and one ended at once would leave the others emptier than the holder every time.
-        sids, others = [], []
+        sids: list[str] = []
+        others: list[str] = []
         for _ in range(12):
             sid = c.post("/sessions", json={}).json()["session_id"]
             (sids if node_of(sid) == f"node-{holder}" else others).append(sid)

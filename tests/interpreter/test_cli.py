@@ -13,11 +13,13 @@ import pytest
 from tests.interpreter.fake_llm import FakeLLM
 from tests.interpreter.harness import Server, openai_env, running
 from tests.support import SANDBANK
+from tests.tiers import needs
 
 ADMIN = "admin-token-for-tests"
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 def server(llm: FakeLLM) -> Iterator[Server]:
     with running({**openai_env(llm.url), "SANDBANK_ADMIN_TOKEN": ADMIN}) as s:
         yield s

@@ -11,11 +11,13 @@ import pytest
 
 from tests.interpreter.fake_llm import SLOW_ANSWER, FakeLLM
 from tests.interpreter.harness import Client, Server, follow, kinds, openai_env, running
+from tests.tiers import needs
 
 MAX_S = 4.0  # SANDBANK_EVENT_STREAM_MAX_SECONDS: short, so a stream on a long run times out
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 def server(llm: FakeLLM) -> Iterator[Server]:
     with running({**openai_env(llm.url), "SANDBANK_EVENT_STREAM_MAX_SECONDS": str(MAX_S)}) as s:
         yield s

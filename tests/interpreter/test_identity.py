@@ -12,7 +12,8 @@ import pytest
 from starlette.requests import Request
 
 from sandbank.config import Settings
-from sandbank.interpreter.identity import Identity, KeyUse, is_trusted, parse_networks
+from sandbank.http.proxies import is_trusted, parse_networks
+from sandbank.interpreter.identity import Identity, KeyUse
 from sandbank.store import Store, open_store
 
 

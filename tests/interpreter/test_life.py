@@ -13,11 +13,13 @@ import pytest
 from sandbank.files.signing import UrlSigner
 from tests.interpreter.fake_llm import FakeLLM
 from tests.interpreter.harness import Client, Server, openai_env, running
+from tests.tiers import needs
 
 CSV = b"name,value\na,1\nb,2\nc,39\n"
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 def server(llm: FakeLLM) -> Iterator[Server]:
     env = {
         **openai_env(llm.url),

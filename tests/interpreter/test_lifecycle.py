@@ -15,9 +15,11 @@ from sandbank.store import ChatSession, open_store
 from tests.interpreter.fake_llm import FakeLLM
 from tests.interpreter.harness import Server, data_dir, openai_env, running
 from tests.interpreter.test_life import assert_error
+from tests.tiers import needs
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 def short_lived() -> Iterator[Server]:
     """Sessions live 3 s; no model is configured."""
     env = {
@@ -71,7 +73,7 @@ def stored_session(server: Server, sid: str) -> ChatSession:
     return asyncio.run(read())
 
 
-def test_runs_are_continued_after_a_kill_and_after_a_sigterm(llm: FakeLLM) -> None:
+def test_runs_are_continued_after_a_kill_and_after_a_sigterm(llm: FakeLLM, machine: None) -> None:
     """One process on SQLite: a run it held is continued by the next start, not lost."""
     env = {**openai_env(llm.url), "SANDBANK_SHUTDOWN_GRACE_SECONDS": "0.5"}
     with running(env, data_dir()) as server, server.new_user() as client:

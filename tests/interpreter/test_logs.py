@@ -18,7 +18,7 @@ SIGNING_KEY = "canary-signing-key-0c3b"
 ADMIN_TOKEN = "canary-admin-token-9d2e"
 
 
-def test_json_logs_carry_request_ids_and_no_secret(llm: FakeLLM) -> None:
+def test_json_logs_carry_request_ids_and_no_secret(llm: FakeLLM, machine: None) -> None:
     env = {
         **openai_env(llm.url),
         "SANDBANK_LLM_API_KEY": LLM_KEY,
@@ -75,7 +75,7 @@ def test_json_logs_carry_request_ids_and_no_secret(llm: FakeLLM) -> None:
         assert secret not in metrics, "a secret reached the metrics"
 
 
-def test_a_model_failure_is_logged_for_the_operator_and_counted() -> None:
+def test_a_model_failure_is_logged_for_the_operator_and_counted(machine: None) -> None:
     with serve([openai_error(500)]) as failing:
         env = {
             **openai_env(failing.url),

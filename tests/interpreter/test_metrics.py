@@ -19,7 +19,7 @@ def samples(server: Server) -> dict[tuple[str, str], float]:
     }
 
 
-def test_uploads_produced_files_and_downloads_are_counted(llm: FakeLLM) -> None:
+def test_uploads_produced_files_and_downloads_are_counted(llm: FakeLLM, machine: None) -> None:
     with running(openai_env(llm.url)) as server, server.new_user() as carol:
         sid = carol.new_session()
         assert carol.upload(sid, "notes.txt", b"n" * 1000).status_code == 204

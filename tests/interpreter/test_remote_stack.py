@@ -16,11 +16,13 @@ from tests.interpreter.fake_llm import FakeLLM
 from tests.interpreter.harness import Client, Server, running
 from tests.interpreter.test_life import CSV
 from tests.postgres import running_postgres
+from tests.tiers import needs
 
 TOKEN = "backend-token-for-tests"
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 def backend() -> Iterator[Server]:
     """A second `sandbank serve`: only its code-execution API, behind a token."""
     env = {"SANDBANK_INTERPRETER_API": "off", "SANDBANK_EXEC_TOKENS": TOKEN}
@@ -29,6 +31,7 @@ def backend() -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
+@needs("root", "postgres", "s3")
 def server(backend: Server, moto_endpoint: str, llm: FakeLLM) -> Iterator[Server]:  # noqa: F811
     bucket = f"sandbank-{uuid.uuid4().hex[:12]}"
     boto3.client(

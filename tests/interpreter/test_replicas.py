@@ -22,6 +22,7 @@ from tests.interpreter.fake_llm import FakeLLM
 from tests.interpreter.harness import Client, Server, data_dir, follow, kinds, openai_env
 from tests.interpreter.test_life import CSV
 from tests.postgres import running_postgres
+from tests.tiers import needs
 
 LEASE_S = 3.0
 HANDED_BACK = "waiting for another server to continue"
@@ -47,6 +48,7 @@ def fleet_env(database_url: str, moto: str, bucket: str, llm: FakeLLM) -> dict[s
 
 
 @pytest.fixture(scope="module")
+@needs("root", "postgres", "s3")
 def fleet(moto_endpoint: str, llm: FakeLLM) -> Iterator[list[Server]]:  # noqa: F811
     """Two replicas started together (so their migrations race) on one fresh database."""
     bucket = f"sandbank-{uuid.uuid4().hex[:12]}"

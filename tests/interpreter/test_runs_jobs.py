@@ -52,7 +52,7 @@ class Fleet:
             run_lease_seconds=5,
             shutdown_grace_seconds=0,
             pool_size=0,
-        )  # type: ignore[call-arg]
+        )
         self.store = memory_store()
         self.files = SessionFiles(self.store, MemoryObjectStore(), self.settings)
         self.replicas: list[Runs] = []

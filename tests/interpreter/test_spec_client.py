@@ -13,11 +13,13 @@ import pytest
 from tests.interpreter.fake_llm import FakeLLM
 from tests.interpreter.harness import Client, Server, openai_env, running
 from tests.interpreter.test_life import CSV, assert_error
+from tests.tiers import needs
 
 CLIENT_HEADER = "X-Code-Interpreter-User-Id"  # the header the spec's web client sends
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 def server(llm: FakeLLM) -> Iterator[Server]:
     env = {
         **openai_env(llm.url),

@@ -50,7 +50,7 @@ def _mounts_under(path: object) -> list[str]:
         return sorted(line.split()[4] for line in f if line.split()[4].startswith(str(path)))
 
 
-def test_a_second_server_on_the_same_sqlite_database_warns_naming_the_first() -> None:
+def test_a_second_server_on_the_same_sqlite_database_warns_naming_the_first(machine: None) -> None:
     env = {"SANDBANK_POOL_SIZE": "0"}
     with running(env) as first:
         assert first.proc is not None

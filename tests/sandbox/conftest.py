@@ -24,6 +24,7 @@ from sandbank.sandbox.backends.unisolated import UnisolatedBackend
 from sandbank.sandbox.local import LocalSandboxes
 from sandbank.sandbox.sessions import ExecSession
 from tests.support import data_dir, settings
+from tests.tiers import param
 
 BACKENDS: dict[str, type[Backend]] = {
     "bwrap": BwrapBackend,
@@ -49,7 +50,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names = [n for n in _CHOSEN if needed <= BACKENDS[n].claims]
     for marker in metafunc.definition.iter_markers("only_backends"):
         names = [n for n in names if n in marker.args]  # a backend's own promises
-    metafunc.parametrize("backend_name", names, scope="module")
+    # Real backends run real interpreters: the root tier. The fake runs nothing: the fast one.
+    params = [n if n == "fake" else param(n, "root", id=n) for n in names]
+    metafunc.parametrize("backend_name", params, scope="module")
 
 
 @pytest.fixture(scope="module")

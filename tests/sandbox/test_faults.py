@@ -118,7 +118,7 @@ async def test_the_editor_refuses_a_fifo_at_once_and_keeps_the_interpreter(sb: S
     await sb.py("kept = 'yes'")
     await sb.sh("mkfifo pipe")
     for command in ("view", "create", "str_replace"):
-        call = EditorCall(command, "pipe", file_text="x", old_str="a", new_str="b")  # type: ignore[arg-type]
+        call = EditorCall(command, "pipe", file_text="x", old_str="a", new_str="b")
         r = await sb.runtime.execute(sb.session.id, "tests", call, 5)
         assert r.return_code == 1 and "not a regular file" in r.stderr, (command, r)
     assert (await sb.py("print(kept)")).stdout == "yes\n"

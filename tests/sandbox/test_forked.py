@@ -23,7 +23,7 @@ from sandbank.protocol.calls import PythonCall
 from sandbank.sandbox.backends import fork as forked
 from sandbank.sandbox.backends import fork_template as template_module
 from sandbank.sandbox.backends.fork_template import Template
-from sandbank.sandbox.host import layout, machine
+from sandbank.sandbox.host import disk, layout, machine
 from sandbank.sandbox.local import LocalSandboxes
 from tests.sandbox.conftest import Shell
 from tests.support import REPO, TEST_LIMITS, data_dir, processes_of_uids, settings
@@ -130,7 +130,9 @@ async def test_a_dead_template_is_replaced_without_failing_leases_or_live_sessio
     assert processes_of_uids(uids) == []
 
 
-async def test_an_aged_or_changed_template_is_retired_after_its_sandboxes_end() -> None:
+async def test_an_aged_or_changed_template_is_retired_after_its_sandboxes_end(
+    machine: None,
+) -> None:
     with data_dir() as d:
         rt = LocalSandboxes(settings(d, fork_template_max_forks=2))
         await rt.start()
@@ -239,6 +241,7 @@ async def test_workspace_disks_are_copies_of_one_formatted_image_and_detach_on_d
     runtime: LocalSandboxes,
 ) -> None:
     data = str(runtime.settings.data_dir.resolve())
+    assert isinstance(runtime.backend, forked.ForkBackend)
     assert runtime.backend.formatted_disk.exists()
     sh = Shell(runtime, await runtime.create("tests"))
     r = await sh.sh("stat -c '%u %a' /workspace; ls -A /workspace | wc -l; df -m /workspace")
@@ -270,21 +273,21 @@ async def test_a_workspace_disk_that_fails_while_the_child_waits_fails_only_that
     runtime: LocalSandboxes,
 ) -> None:
     # The disk is made while the template forks; the child waits for it, and leaves without it.
-    real = forked.disk.create_from
+    real = disk.create_from
 
     def no_room(*args: object) -> None:
         time.sleep(0.2)  # the fork is done and its child waiting by now
         raise SandboxError("no room for the workspace disk")
 
     with (
-        mock.patch.object(forked.disk, "create_from", no_room),
+        mock.patch.object(disk, "create_from", no_room),
         pytest.raises(SandboxError, match="no room for the workspace disk"),
     ):
         await runtime.create("tests")
     await runtime.drain()
     left = {k: v for k, v in runtime.backend.leftovers().items() if v}
     assert left == {}, left
-    assert forked.disk.create_from is real
+    assert disk.create_from is real
     sh = Shell(runtime, await runtime.create("tests"))  # the next lease is served
     try:
         assert (await sh.sh("touch /workspace/x && ls /workspace")).stdout == "x\n"
@@ -292,7 +295,9 @@ async def test_a_workspace_disk_that_fails_while_the_child_waits_fails_only_that
         await runtime.destroy(sh.session.id, "tests")
 
 
-async def test_a_template_that_stops_answering_is_replaced_and_the_lease_still_succeeds() -> None:
+async def test_a_template_that_stops_answering_is_replaced_and_the_lease_still_succeeds(
+    machine: None,
+) -> None:
     with data_dir() as d, mock.patch.object(template_module, "ORDER_TIMEOUT", 1.0):
         rt = LocalSandboxes(settings(d))
         await rt.start()
@@ -331,7 +336,9 @@ async def test_a_replaced_template_keeps_its_socket_until_the_order_in_flight_is
         await runtime.destroy(sh.session.id, "tests")
 
 
-async def test_a_template_started_by_a_server_past_1024_descriptors_still_serves() -> None:
+async def test_a_template_started_by_a_server_past_1024_descriptors_still_serves(
+    machine: None,
+) -> None:
     """A busy server holds thousands of descriptors; its template's socket keeps the number."""
     pair = socket.socketpair
 
@@ -346,7 +353,7 @@ async def test_a_template_started_by_a_server_past_1024_descriptors_still_serves
     try:
         with data_dir() as d:
             rt = LocalSandboxes(settings(d))
-            with mock.patch.object(template_module.socket, "socketpair", high_pair):
+            with mock.patch.object(socket, "socketpair", high_pair):
                 await rt.start()
             try:
                 pid = _template(rt).pid

@@ -16,11 +16,12 @@ from sandbank.errors import AtCapacity, IsolationUnavailable, SessionNotFound
 from sandbank.protocol.calls import PythonCall
 from sandbank.protocol.sessions import SessionSpec
 from sandbank.sandbox.backends import bwrap
-from sandbank.sandbox.backends.base import HOST_RESOURCES, INTERPRETERS, Backend, limits_from
+from sandbank.sandbox.backends.base import HOST_RESOURCES, INTERPRETERS, Backend
 from sandbank.sandbox.backends.bwrap import BwrapBackend
 from sandbank.sandbox.host import cgroups, machine
 from sandbank.sandbox.host.slot import Slot
 from sandbank.sandbox.host.uids import UidAllocator
+from sandbank.sandbox.limits import limits_from
 from sandbank.sandbox.local import LocalSandboxes
 from tests.sandbox.conftest import Shell
 from tests.support import UID_LOCK_DIR, data_dir, processes_of_uids, settings
@@ -58,7 +59,7 @@ async def test_destroy_kills_every_process_and_removes_every_resource(
         runtime.session(sh.session.id, "tests")
 
 
-async def test_fifty_create_destroy_cycles_leave_exactly_nothing_behind() -> None:
+async def test_fifty_create_destroy_cycles_leave_exactly_nothing_behind(machine: None) -> None:
     with data_dir() as d:
         rt = LocalSandboxes(settings(d))
         await rt.start()
@@ -83,7 +84,9 @@ async def test_fifty_create_destroy_cycles_leave_exactly_nothing_behind() -> Non
         )
 
 
-async def test_a_restart_cleans_what_a_crashed_run_of_the_same_data_dir_left_only() -> None:
+async def test_a_restart_cleans_what_a_crashed_run_of_the_same_data_dir_left_only(
+    machine: None,
+) -> None:
     with data_dir() as d, data_dir() as other_dir:
         crashed = BwrapBackend(settings(d))
         crashed.check()
@@ -130,7 +133,7 @@ def test_uid_claims_are_exclusive_across_allocators(tmp_path: Path) -> None:
     assert b.claim() == got[0]
 
 
-async def test_warm_pool_pre_imports_and_never_reuses_a_sandbox() -> None:
+async def test_warm_pool_pre_imports_and_never_reuses_a_sandbox(machine: None) -> None:
     with data_dir() as d:
         rt = LocalSandboxes(settings(d, pool_size=1, pool_preimport=True))
         await rt.start()
@@ -192,7 +195,9 @@ async def test_lifetime_hints_are_clamped_to_the_ceilings(runtime: LocalSandboxe
     await runtime.destroy(s.id, "tests")
 
 
-async def test_capacity_reclaims_the_least_recently_used_idle_session_then_refuses() -> None:
+async def test_capacity_reclaims_the_least_recently_used_idle_session_then_refuses(
+    machine: None,
+) -> None:
     with data_dir() as d:
         rt = LocalSandboxes(settings(d, max_sessions=2))
         await rt.start()
@@ -287,7 +292,9 @@ def test_missing_isolation_tools_fail_with_what_to_install(
         cgroups.check_available(tmp_path)
 
 
-async def test_unisolated_mode_is_explicit_and_loud(caplog: pytest.LogCaptureFixture) -> None:
+async def test_unisolated_mode_is_explicit_and_loud(
+    caplog: pytest.LogCaptureFixture, machine: None
+) -> None:
     with data_dir() as d:
         rt = LocalSandboxes(settings(d, isolation="none"))
         with caplog.at_level(logging.WARNING):
@@ -315,7 +322,9 @@ async def test_a_cancelled_call_is_interrupted_and_the_next_call_is_in_step(sb: 
     assert (await sb.py("print(2)")).stdout == "2\n"
 
 
-def test_a_data_dir_sandbox_users_cannot_reach_fails_saying_so(tmp_path: Path) -> None:
+def test_a_data_dir_sandbox_users_cannot_reach_fails_saying_so(
+    tmp_path: Path, machine: None
+) -> None:
     closed = tmp_path / "closed"
     closed.mkdir(mode=0o700)
     backend = BwrapBackend(settings(closed / "data"))

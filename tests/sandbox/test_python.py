@@ -131,7 +131,7 @@ async def test_code_that_closes_or_redirects_its_stdout_does_not_break_the_sessi
     assert (r.stdout, r.stderr) == ("back\n", "err\n")
 
 
-async def test_the_runtime_image_has_the_data_stack() -> None:
+async def test_the_runtime_image_has_the_data_stack(machine: None) -> None:
     # Importing the whole stack needs more than the suite's small memory limit.
     with data_dir() as d:
         rt = LocalSandboxes(settings(d, memory_limit_mb=1024))

@@ -39,7 +39,7 @@ def backend(serves_files: bool, seen: list[str]) -> httpx.MockTransport:
 
 
 def settings() -> Settings:
-    return Settings(sandbox_url="http://backend.test", sandbox_token="t")  # type: ignore[arg-type]
+    return Settings(sandbox_url="http://backend.test", sandbox_token="t")
 
 
 @pytest.mark.anyio

@@ -16,6 +16,7 @@ from sandbank.store import Store, open_store
 from sandbank.store.sql import Database
 from tests.store.conftest import _drop_database, _fresh_database
 from tests.store.support import LEASE, new_chat, started
+from tests.tiers import param
 
 pytestmark = pytest.mark.anyio
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.anyio
 async def test_reopening_keeps_data_and_reapplies_no_migration(
     store_url: str, tmp_path: Path
 ) -> None:
-    settings = Settings(database_url=store_url, data_dir=tmp_path)  # type: ignore[arg-type]
+    settings = Settings(database_url=store_url, data_dir=tmp_path)
     first = open_store(settings)
     sid = await new_chat(first)
     await started(first, sid, content="kept")
@@ -54,7 +55,7 @@ async def test_the_default_database_is_sqlite_in_the_data_dir(tmp_path: Path) ->
 # --- two replicas on one database ---------------------------------------------------------
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", param("postgresql", "postgres")])
 def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'sandbank.db'}"
@@ -68,7 +69,7 @@ def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 async def replicas(shared_url: str, tmp_path: Path) -> AsyncIterator[tuple[Store, Store]]:
     """Two stores with engines of their own on one database, as two replicas have."""
-    settings = Settings(database_url=shared_url, data_dir=tmp_path)  # type: ignore[arg-type]
+    settings = Settings(database_url=shared_url, data_dir=tmp_path)
     one, two = open_store(settings), open_store(settings)
     try:
         yield one, two
@@ -131,7 +132,7 @@ def test_replicas_starting_together_migrate_once(postgres_server: str) -> None:
         try:
             gate.wait(timeout=10)
             opened.append(Database.open(url))
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - collected, then asserted on
             errors.append(exc)
 
     threads = [threading.Thread(target=start) for _ in range(3)]

@@ -13,6 +13,7 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, sync_
 
 from tests.interpreter.fake_llm import FakeLLM, fake_llm
 from tests.interpreter.harness import Client, Server, openai_env, running
+from tests.tiers import needs
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -36,6 +37,7 @@ def llm() -> Iterator[FakeLLM]:
 
 
 @pytest.fixture(scope="package")  # torn down with the package: Playwright holds an event loop
+@needs("root")
 def server(llm: FakeLLM) -> Iterator[Server]:
     """One server for the suite; a browser sending the trusted header plays the proxy."""
     env = {
@@ -61,6 +63,7 @@ def playwright() -> Iterator[Playwright]:
 
 
 @pytest.fixture(scope="package")  # torn down with the package: Playwright holds an event loop
+@needs("chromium")
 def browser(playwright: Playwright) -> Iterator[Browser]:
     # No skip on failure: a browser that does not start fails every test that needs it.
     browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import httpx
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, FilePayload, Page, expect
 
 from tests.interpreter.harness import Client, Server
 from tests.web.conftest import PROBE, TRUSTED_HEADER, UPLOAD_CAP, Console, Tab
@@ -32,9 +32,8 @@ def open_new_session(page: Page) -> str:
 
 
 def upload(page: Page, name: str, data: bytes) -> None:
-    page.set_input_files(
-        "#file-input", files=[{"name": name, "mimeType": "text/csv", "buffer": data}]
-    )
+    payload: FilePayload = {"name": name, "mimeType": "text/csv", "buffer": data}
+    page.set_input_files("#file-input", files=[payload])
 
 
 def ask(page: Page, question: str) -> None:

@@ -34,6 +34,7 @@ from sandbank.agent.tools import (
 from sandbank.config import Settings
 from sandbank.errors import RunCancelled, RunLimitReached, SandbankError
 from sandbank.protocol.calls import RC_TIMEOUT
+from sandbank.sandbox.host import manifest
 
 # A workbench that ignores its timeout is abandoned this long after the deadline.
 TOOL_TIMEOUT_GRACE_S = 5.0
@@ -56,8 +57,9 @@ class RunLimits:
     run_timeout_s: float = 900.0
     tool_output_chars: int = 20_000
     history_chars: int = 100_000
-    # Not a limit, but one more per-server setting every run follows.
+    # Not limits, but per-server facts every run follows.
     answer_format: AnswerFormat = "markdown"
+    libraries: str = ""  # the runtime image's packages, for the prompt
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RunLimits:
@@ -69,6 +71,7 @@ class RunLimits:
             tool_output_chars=settings.agent_tool_output_chars,
             history_chars=settings.agent_history_chars,
             answer_format=settings.agent_answer_format,
+            libraries=manifest.describe(manifest.load(settings.runtime_dir)),
         )
 
 
@@ -235,6 +238,7 @@ async def run_turn(
                     timeout_s=min(INSPECT_TIMEOUT_S, limits.tool_timeout_s),
                     inspect_root=inspect_root,
                     answer_format=limits.answer_format,
+                    libraries=limits.libraries,
                     network=network,
                 )
                 earlier = replay(

@@ -10,10 +10,6 @@ from sandbank.agent.interfaces import FileInfo, Workbench
 from sandbank.protocol.calls import PythonCall
 
 WORKSPACE = "/workspace"
-LIBRARIES = (
-    "numpy, pandas, scipy, scikit-learn, statsmodels, matplotlib, seaborn, pillow, "
-    "openpyxl, pyarrow, sympy, plotly"
-)
 MAX_LISTED_FILES = 100
 
 _TEMPLATE = """\
@@ -24,7 +20,7 @@ Environment:
 - The user's files are in {workspace}, the working directory.
 - `code_execution` runs Python in a persistent interpreter: variables and imports survive \
 between calls. `bash` runs shell commands. `str_replace_based_edit_tool` views and edits files.
-- Installed: {libraries}. Nothing else can be installed.
+- {libraries} Nothing else can be installed.
 - Network: {network}
 {charts}
 
@@ -165,15 +161,23 @@ async def build_system_prompt(
     timeout_s: float = 30.0,
     inspect_root: str = WORKSPACE,
     answer_format: AnswerFormat = "markdown",
+    libraries: str = "",
     network: str = "none",
 ) -> str:
-    """The system prompt for one run; `inspect_root` is where the snippet looks (tests move it);
-    `network`: the sandbox's egress policy (`none`, or its entries)."""
+    """The system prompt for one run; `inspect_root` is where the snippet looks (tests move it).
+
+    `libraries` names the runtime image's packages, from the image's own list (RunLimits);
+    `network` is the sandbox's egress policy (`none`, or its entries).
+    """
     files = await describe_files(workbench, timeout_s=timeout_s, inspect_root=inspect_root)
     recreated = _RECREATED.format(workspace=WORKSPACE) if sandbox_recreated else ""
     return _TEMPLATE.format(
         workspace=WORKSPACE,
-        libraries=LIBRARIES,
+        libraries=(
+            f"Installed Python packages (and their dependencies): {libraries}."
+            if libraries
+            else "`pip list` shows the installed Python packages."
+        ),
         network=describe_network(network),
         charts=_CHARTS[answer_format].format(workspace=WORKSPACE),
         recreated=recreated,

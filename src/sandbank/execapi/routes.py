@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import AsyncIterator
 
@@ -19,7 +20,7 @@ from ..http.routing import grouped_routes
 from ..media import media_type
 from ..protocol import codec
 from ..protocol.calls import Display, Done, Event, Output
-from ..protocol.sessions import FormPart
+from ..protocol.sessions import SESSION_NAME_HEADER, FormPart
 from ..sandbox.port import Sandboxes
 
 MULTIPART_SLACK = 64 * 1024  # boundaries and the `path` field beside the file
@@ -54,6 +55,9 @@ class ExecApi:
     async def create_session(self, request: Request) -> Response:
         tenant = self.auth.tenant(request.headers.get("authorization"))
         spec = codec.parse_create(await json_body(request, optional=True))
+        if self.settings.role == "node":  # only fronts reach a node; they never pass it on
+            name = request.headers.get(SESSION_NAME_HEADER)
+            spec = dataclasses.replace(spec, name=name[:128] if name else None)
         info = await self.sandboxes.create(tenant, spec)
         return JSONResponse(codec.encode_handle(info), status_code=201)
 

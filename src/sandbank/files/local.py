@@ -7,7 +7,7 @@ import errno
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterator
 from pathlib import Path
 from stat import S_ISREG
 from typing import BinaryIO
@@ -15,13 +15,13 @@ from typing import BinaryIO
 import anyio.to_thread
 
 from sandbank.errors import NotFound, PathEscape, PayloadTooLarge, StorageFull
-from sandbank.files.base import CHUNK_SIZE, PresignedPost, check_key
-from sandbank.files.signing import UrlSigner
+from sandbank.files.base import CHUNK_SIZE, check_key
+from sandbank.files.signing import SignedUrls, UrlSigner
 
 TMP_DIR = ".tmp"  # beside the objects, so a finished file is renamed into place atomically
 
 
-class LocalObjectStore:
+class LocalObjectStore(SignedUrls):
     """Objects as files under the data directory, with signed URLs to this server."""
 
     def __init__(self, root: Path, signer: UrlSigner) -> None:
@@ -128,23 +128,8 @@ class LocalObjectStore:
                     here.rmdir()  # only succeeds once empty
         return removed
 
-    async def presign_post(self, key: str, max_size: int, expires_s: int) -> PresignedPost:
-        check_key(key)
-        return self._signer.upload_form(key, max_size, expires_s)
-
-    async def presign_get(self, key: str, filename: str, expires_s: int) -> str:
-        check_key(key)
-        return self._signer.download_url(key, filename, expires_s)
-
     async def close(self) -> None:
         pass
-
-    # --- UploadReceiver ------------------------------------------------------------------------
-    def verify_upload(self, fields: Mapping[str, str]) -> tuple[str, int]:
-        return self._signer.verify_upload(fields)
-
-    def verify_download(self, query: Mapping[str, str]) -> tuple[str, str]:
-        return self._signer.verify_download(query)
 
     async def receive_upload(self, key: str, chunks: AsyncIterable[bytes], max_size: int) -> int:
         check_key(key)

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 from typing import BinaryIO
 
 import anyio.to_thread
 
 from sandbank.errors import NotFound, PayloadTooLarge
-from sandbank.files.base import CHUNK_SIZE, PresignedPost, check_key
-from sandbank.files.signing import UrlSigner
+from sandbank.files.base import CHUNK_SIZE, check_key
+from sandbank.files.signing import SignedUrls, UrlSigner
 
 
-class MemoryObjectStore:
+class MemoryObjectStore(SignedUrls):
     """Objects in memory (tests), with signed URLs to this server."""
 
     def __init__(self, signer: UrlSigner | None = None) -> None:
@@ -63,22 +63,8 @@ class MemoryObjectStore:
             del self._objects[key]
         return len(doomed)
 
-    async def presign_post(self, key: str, max_size: int, expires_s: int) -> PresignedPost:
-        check_key(key)
-        return self._signer.upload_form(key, max_size, expires_s)
-
-    async def presign_get(self, key: str, filename: str, expires_s: int) -> str:
-        check_key(key)
-        return self._signer.download_url(key, filename, expires_s)
-
     async def close(self) -> None:
         pass
-
-    def verify_upload(self, fields: Mapping[str, str]) -> tuple[str, int]:
-        return self._signer.verify_upload(fields)
-
-    def verify_download(self, query: Mapping[str, str]) -> tuple[str, str]:
-        return self._signer.verify_download(query)
 
     async def receive_upload(self, key: str, chunks: AsyncIterable[bytes], max_size: int) -> int:
         check_key(key)

@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 
 from sandbank.config import Settings
 from sandbank.errors import BadRequest, Forbidden
-from sandbank.files.base import PresignedPost
+from sandbank.files.base import PresignedPost, check_key
 
 UPLOAD_PATH = "/api/uploads"
 DOWNLOAD_PATH = "/api/downloads"
@@ -123,3 +123,23 @@ def _required(values: Mapping[str, str], *names: str) -> list[str]:
     if missing:
         raise BadRequest(f"missing {', '.join(missing)}")
     return [values[n] for n in names]
+
+
+class SignedUrls:
+    """Presigned forms and links this server signs and checks itself (local and memory storage)."""
+
+    _signer: UrlSigner
+
+    async def presign_post(self, key: str, max_size: int, expires_s: int) -> PresignedPost:
+        check_key(key)
+        return self._signer.upload_form(key, max_size, expires_s)
+
+    async def presign_get(self, key: str, filename: str, expires_s: int) -> str:
+        check_key(key)
+        return self._signer.download_url(key, filename, expires_s)
+
+    def verify_upload(self, fields: Mapping[str, str]) -> tuple[str, int]:
+        return self._signer.verify_upload(fields)
+
+    def verify_download(self, query: Mapping[str, str]) -> tuple[str, str]:
+        return self._signer.verify_download(query)

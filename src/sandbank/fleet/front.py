@@ -7,6 +7,7 @@ Bodies stream through in both directions; a node that is gone answers a clear 40
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,11 +21,11 @@ from starlette.routing import Route
 from ..config import Settings
 from ..errors import (
     AtCapacity,
-    PayloadTooLarge,
     SandbankError,
     SandboxError,
     SessionNotFound,
 )
+from ..http.bodies import read_body
 from ..protocol.http1 import Http1Client, Reply, TransportFailed
 from .ids import SessionIds
 from .membership import Member, Membership
@@ -145,13 +146,21 @@ class Fleet:
         return member, local
 
     async def place(
-        self, tenant: str, create: Callable[[Member], Awaitable[Reply]]
+        self,
+        tenant: str,
+        create: Callable[[Member], Awaitable[Reply]],
+        prefer: str | None = None,
     ) -> tuple[Reply, dict[str, Any]]:
         """Create a session on a node with room (power of two choices, a few tries); the node's
-        answer and, when it is 201, its handle with the fleet's signed id."""
+        answer and, when it is 201, its handle with the fleet's signed id. `prefer`: a key whose
+        own node (by rendezvous hashing, the same on every front) is tried first."""
         tried: set[str] = set()
         for _ in range(PLACEMENT_TRIES):
-            member = choose(self.membership.up(), self.settings.fleet_sample, self.rng, tried)
+            member = None
+            if prefer is not None and not tried:
+                member = rendezvous([m for m in self.membership.up() if m.accepting()], prefer)
+            if member is None:
+                member = choose(self.membership.up(), self.settings.fleet_sample, self.rng, tried)
             if member is None:
                 break
             tried.add(member.name)
@@ -173,6 +182,15 @@ class Fleet:
             member.placed += 1
             return r, handle
         raise AtCapacity("every sandbox node is full or draining; retry shortly", retry_after=5)
+
+
+def rendezvous(members: list[Member], key: str) -> Member | None:
+    """The member `key` belongs to (highest random weight): stable while the members are."""
+    return max(
+        members,
+        key=lambda m: hashlib.sha256(f"{m.name}\0{key}".encode()).digest(),
+        default=None,
+    )
 
 
 def gone(
@@ -301,12 +319,3 @@ def _copy(r: Reply) -> Response:
     headers = _response_headers(r)
     headers.pop("content-length", None)  # set again from the body
     return Response(r.body, status_code=r.status, headers=headers)
-
-
-async def read_body(request: Request, cap: int) -> bytes:
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > cap:
-            raise PayloadTooLarge(f"the request body is larger than {cap} bytes")
-    return bytes(body)

@@ -7,6 +7,7 @@ the machine is gone, so a chat's next turn leases a new sandbox and tells the ag
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
@@ -16,7 +17,14 @@ from ..protocol import codec
 from ..protocol.calls import Event, ExecResult, ToolCall
 from ..protocol.client import JSON, Body, ExecClient, error_of
 from ..protocol.http1 import Reply
-from ..protocol.sessions import Download, FileEntry, FormPart, SessionInfo, SessionSpec
+from ..protocol.sessions import (
+    SESSION_NAME_HEADER,
+    Download,
+    FileEntry,
+    FormPart,
+    SessionInfo,
+    SessionSpec,
+)
 from .front import Fleet, NodeGone, gone
 from .membership import Member
 
@@ -72,12 +80,21 @@ class FleetSandboxes:
             raise gone(session_id, member.name) from None
 
     async def create(self, tenant: str, spec: SessionSpec | None = None) -> SessionInfo:
-        body = json.dumps(codec.encode_create(spec or SessionSpec())).encode()
+        spec = spec or SessionSpec()
+        body = json.dumps(codec.encode_create(spec)).encode()
+        headers = {"content-type": JSON}
+        prefer = None
+        if spec.name is not None:
+            # Named for the tenant on the node (which sees no tenants), and always asked of the
+            # same node while it takes sessions: every front finds it there again.
+            name = hashlib.sha256(f"{tenant}\0{spec.name}".encode()).hexdigest()
+            headers[SESSION_NAME_HEADER] = name
+            prefer = name
 
         def create(member: Member) -> Awaitable[Reply]:
-            return self.fleet.send(member, "POST", "/sessions", {"content-type": JSON}, body)
+            return self.fleet.send(member, "POST", "/sessions", dict(headers), body)
 
-        reply, handle = await self.fleet.place(tenant, create)
+        reply, handle = await self.fleet.place(tenant, create, prefer)
         if reply.status != 201:
             raise error_of(reply)
         return codec.decode_handle(handle)

@@ -8,7 +8,8 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ..errors import PayloadTooLarge, Unprocessable, UnsupportedMediaType
+from ..errors import PayloadTooLarge, SandbankError, Unprocessable, UnsupportedMediaType
+from ..streams import gather
 
 MAX_JSON_BODY = 16 * 1024 * 1024
 
@@ -38,17 +39,18 @@ async def capped(
         yield chunk
 
 
-async def read_body(request: Request, cap: int) -> bytes:
-    """The whole body; `PayloadTooLarge` as soon as it passes `cap` bytes."""
+async def read_body(
+    request: Request, cap: int, too_large: type[SandbankError] = PayloadTooLarge
+) -> bytes:
+    """The whole body; `too_large` as soon as it passes `cap` bytes (or says it will)."""
+
+    def refused() -> SandbankError:
+        return too_large(f"the request body is larger than {cap} bytes")
+
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > cap:
-        raise PayloadTooLarge(f"the request body is larger than {cap} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > cap:
-            raise PayloadTooLarge(f"the request body is larger than {cap} bytes")
-    return bytes(body)
+        raise refused()
+    return await gather(request.stream(), cap, refused)
 
 
 async def json_body(request: Request, optional: bool = False, cap: int = MAX_JSON_BODY) -> Any:

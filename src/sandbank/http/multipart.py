@@ -16,6 +16,7 @@ from typing import Any
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from ..errors import BadRequest, UnsupportedMediaType
+from ..streams import gather
 
 MAX_FIELD = 8192
 MAX_PARTS = 16  # the largest form either API takes has four (an upload's three signed fields)
@@ -143,10 +144,10 @@ class FormStream:
         raise BadRequest("the body ended inside a part")
 
 
-async def read_field(part: Part, chunks: Chunks, limit: int = MAX_FIELD) -> str:
-    value = bytearray()
-    async for chunk in chunks:
-        value += chunk
-        if len(value) > limit:
-            raise BadRequest(f"form field {part.name!r} is longer than {limit} bytes")
-    return value.decode("utf-8", "replace")
+async def read_field(name: str, chunks: Chunks, limit: int = MAX_FIELD) -> str:
+    """A form field's text (at most `limit` bytes)."""
+
+    def refused() -> BadRequest:
+        return BadRequest(f"form field {name!r} is longer than {limit} bytes")
+
+    return (await gather(chunks, limit, refused)).decode("utf-8", "replace")

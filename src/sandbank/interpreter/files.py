@@ -21,6 +21,7 @@ import anyio
 from sandbank.config import MiB, Settings
 from sandbank.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge, QuotaExceeded
 from sandbank.files import ObjectStore, PresignedPost, UploadReceiver, object_key, session_prefix
+from sandbank.http.multipart import read_field
 from sandbank.store import FileRecord, Origin, Store
 
 SIGNED_FIELDS = ("key", "policy", "signature")
@@ -261,7 +262,7 @@ class SessionFiles:
         session_id, filename = grant.session_id, grant.filename
         async for name, _filename, chunks in parts:
             if name != "file":
-                value = await _field(name, chunks)
+                value = await read_field(name, chunks, MAX_FIELD)
                 if name in SIGNED_FIELDS and value != grant.fields[name]:
                     raise Forbidden("the form's signed fields are not those of its URL")
                 continue
@@ -287,12 +288,3 @@ class SessionFiles:
 def _form_reservation(session_id: str, filename: str) -> str:
     """The id of what an S3 upload form reserves (one per file a form is out for)."""
     return "form/" + hashlib.sha256(f"{session_id}/{filename}".encode()).hexdigest()[:40]
-
-
-async def _field(name: str, chunks: AsyncIterator[bytes]) -> str:
-    value = bytearray()
-    async for chunk in chunks:
-        value += chunk
-        if len(value) > MAX_FIELD:
-            raise BadRequest(f"form field {name!r} is too long")
-    return value.decode("utf-8", "replace")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import time
 
@@ -11,28 +10,12 @@ from starlette.requests import Request
 
 from sandbank.config import Settings
 from sandbank.errors import Forbidden, SandbankError
+from sandbank.http.proxies import is_trusted, parse_networks
 from sandbank.store import Store, User, hash_secret
 
 log = logging.getLogger("sandbank.identity")
 # A key's last use is written at most this often: a busy key must not write on every request.
 KEY_USE_EVERY_S = 60.0
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-def parse_networks(spec: str) -> list[Network]:
-    return [
-        ipaddress.ip_network(part.strip(), strict=False) for part in spec.split(",") if part.strip()
-    ]
-
-
-def is_trusted(address: str | None, networks: list[Network]) -> bool:
-    if not address or not networks:
-        return False
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return False  # e.g. a unix socket peer
-    return any(ip in net for net in networks)
 
 
 class KeyUse:

@@ -12,7 +12,7 @@ from starlette.types import Receive, Scope, Send
 
 from sandbank.errors import BadRequest
 from sandbank.files import content_type
-from sandbank.http.bodies import capped, check_declared
+from sandbank.http.bodies import capped, check_declared, read_body
 from sandbank.http.multipart import FormStream, is_multipart
 from sandbank.http.responses import SSE_HEADERS, untrusted_file_headers
 from sandbank.http.routing import grouped_routes
@@ -94,7 +94,9 @@ class InterpreterApi:
     # --- messages ------------------------------------------------------------------------------
     async def post_message(self, request: Request) -> Response:
         service, user, sid = await self._in_session(request)
-        raw = await _body(request, self.max_message_chars * 4 + MAX_MESSAGE_BODY_SLACK)
+        raw = await read_body(
+            request, self.max_message_chars * 4 + MAX_MESSAGE_BODY_SLACK, BadRequest
+        )
         content = schemas.message_content(
             raw, request.headers.get("content-type", ""), self.max_message_chars
         )
@@ -177,11 +179,3 @@ class ReleasingStream(StreamingResponse):
         finally:
             self.release()
 
-
-async def _body(request: Request, limit: int) -> bytes:
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > limit:
-            raise BadRequest(f"the request body is larger than {limit} bytes")
-    return bytes(raw)

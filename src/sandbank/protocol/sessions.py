@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 
 from ..egress.policy import NetworkPolicy
 
+# How a front names a session to a node (a client's header never passes a front).
+SESSION_NAME_HEADER = "x-sandbank-session-name"
+
 
 @dataclass(frozen=True)
 class SessionSpec:
@@ -15,6 +18,9 @@ class SessionSpec:
     idle_timeout: int | None = None
     max_lifetime: int | None = None
     network: NetworkPolicy | None = None  # None: the operator's default policy
+    # A door's own name for the session, never a client's (an MCP caller's default session):
+    # while the tenant's session of that name lives, creating it again gives it back.
+    name: str | None = None
 
 
 @dataclass(frozen=True)

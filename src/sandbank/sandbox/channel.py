@@ -105,15 +105,7 @@ class WorkerProcess:
     async def recv(self) -> dict[str, Any]:
         """The next frame; `WorkerGone` when the pipe closed, `WorkerBroken` on a bad frame."""
         assert self.proc.stdout is not None
-        try:
-            head = await self.proc.stdout.readexactly(protocol.HEADER.size)
-            (size,) = protocol.HEADER.unpack(head)
-            protocol.check_size(size, protocol.MAX_REPLY)
-            return protocol.decode(await self.proc.stdout.readexactly(size))
-        except (asyncio.IncompleteReadError, ConnectionResetError) as e:
-            raise WorkerGone from e
-        except protocol.ProtocolViolation as e:
-            raise WorkerBroken(str(e)) from e
+        return await read_frame(self.proc.stdout)
 
     async def wait(self, timeout: float = 5.0) -> int | None:
         try:
@@ -139,3 +131,16 @@ class WorkerProcess:
         if self._interrupts >= 0:
             os.close(self._interrupts)
             self._interrupts = -1
+
+
+async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
+    """A worker's next frame; `WorkerGone` when the pipe closed, `WorkerBroken` on a bad one."""
+    try:
+        head = await reader.readexactly(protocol.HEADER.size)
+        (size,) = protocol.HEADER.unpack(head)
+        protocol.check_size(size, protocol.MAX_REPLY)
+        return protocol.decode(await reader.readexactly(size))
+    except (asyncio.IncompleteReadError, ConnectionResetError) as e:
+        raise WorkerGone from e
+    except protocol.ProtocolViolation as e:
+        raise WorkerBroken(str(e)) from e

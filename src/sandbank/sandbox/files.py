@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 
 from ..errors import BadRequest, PayloadTooLarge, Unprocessable
 from ..protocol.sessions import Download, FileEntry, FormPart
+from ..streams import gather
 from .host.workspace import OpenFile, TransferAborted, Workspace, translate_oserror
 from .sessions import ExecSession
 
@@ -130,12 +131,10 @@ def _make_read_only(ws: Workspace, path: str) -> None:
 
 
 async def _field(name: str, chunks: AsyncIterator[bytes]) -> str:
-    value = bytearray()
-    async for chunk in chunks:
-        value += chunk
-        if len(value) > MAX_FIELD:
-            raise BadRequest(f"form field {name!r} is too long")
-    return value.decode("utf-8", "replace")
+    def refused() -> BadRequest:
+        return BadRequest(f"form field {name!r} is too long")
+
+    return (await gather(chunks, MAX_FIELD, refused)).decode("utf-8", "replace")
 
 
 async def _write(

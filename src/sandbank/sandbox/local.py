@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from ..config import Settings
-from ..egress.config import EgressConfig
 from ..errors import AtCapacity, SessionNotFound, TenantShareReached
 from ..protocol.calls import (
     RC_TIMEOUT,
@@ -32,6 +31,7 @@ from ..protocol.sessions import Download, FileEntry, FormPart, SessionInfo, Sess
 from . import files
 from .backends import backend_for
 from .backends.base import Backend
+from .egress import EgressConfig
 from .pool import WarmPool
 from .sessions import ExecSession, TenantLimits, victim
 from .supervisor import restore_root
@@ -85,6 +85,7 @@ class LocalSandboxes:
         self.egress = EgressConfig.from_settings(settings)
         self.pool = WarmPool(self.backend, settings.pool_size, settings.pool_preimport)
         self._sessions: dict[str, ExecSession] = {}
+        self._named: dict[tuple[str, str], str] = {}  # (tenant, name) -> session id
         self._closing: set[asyncio.Task[None]] = set()
         self._reaper: asyncio.Task[None] | None = None
         self._sweeping: asyncio.Future[None] | None = None
@@ -125,15 +126,35 @@ class LocalSandboxes:
 
     # --- sessions ------------------------------------------------------------------------
     async def create(self, tenant: str, spec: SessionSpec | None = None) -> SessionInfo:
-        """A new session; `spec.network` is a client's hint, clamped to the operator's ceiling."""
+        """A new session; `spec.network` is a client's hint, clamped to the operator's ceiling.
+        A named one that lives is given back instead."""
+        spec = spec or SessionSpec()
+        key = None if spec.name is None else (tenant, spec.name)
+        if key is not None and (named := self._live(key)) is not None:
+            return named.info()
         try:
-            session = await self._create(tenant, spec or SessionSpec())
+            session = await self._create(tenant, spec)
         except AtCapacity:
             self.hooks.refused()
             raise
         self.tenant_limits.served(tenant)
         self.hooks.created()
+        if key is not None:
+            if (raced := self._live(key)) is not None:  # made meanwhile: one session per name
+                self._destroy_in_background(session.id)
+                self.hooks.destroyed()
+                return raced.info()
+            self._named[key] = session.id
         return session.info()
+
+    def _live(self, key: tuple[str, str]) -> ExecSession | None:
+        session_id = self._named.get(key)
+        session = None if session_id is None else self._sessions.get(session_id)
+        if session is None:
+            self._named.pop(key, None)
+            return None
+        session.touch()
+        return session
 
     async def _create(self, tenant: str, spec: SessionSpec) -> ExecSession:
         if not self._accepting:
@@ -258,6 +279,9 @@ class LocalSandboxes:
         session = self._sessions.pop(session_id, None)
         if session is None:
             return
+        if self._named:
+            for key in [k for k, v in self._named.items() if v == session_id]:
+                del self._named[key]
         task = asyncio.create_task(self._close(session))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)

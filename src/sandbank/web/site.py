@@ -13,7 +13,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbank.config import Settings
-from sandbank.interpreter.identity import is_trusted, parse_networks
+from sandbank.http.proxies import is_trusted, parse_networks
 
 STATIC = Path(__file__).parent / "static"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from ...config import Settings
 from ...egress import sandboxing as egress
 from ..channel import WorkerProcess
-from ..host import layout
+from ..host import layout, trust
 from ..host.image import mounted_runtime
 from ..host.machine import IsolatedHost, check_tools
 from ..host.slot import IsolatedBox, Slot
@@ -51,9 +51,17 @@ class BwrapStarter:
     """Starts a sandbox's worker under bubblewrap, on its slot's uid, cgroups and disk."""
 
     def __init__(
-        self, slot: Slot, *, runtime_dir: Path, limits: Limits, preimport: bool, seccomp: bytes
+        self,
+        slot: Slot,
+        *,
+        runtime_dir: Path,
+        limits: Limits,
+        preimport: bool,
+        seccomp: bytes,
+        trust_store: Path | None = None,
     ) -> None:
         self.slot = slot
+        self.trust_store = trust_store  # bound at /etc/ssl/certs (host/trust.py)
         self.runtime_dir = runtime_dir
         self.limits = limits
         self.preimport = preimport
@@ -85,7 +93,7 @@ class BwrapStarter:
         """bwrap's arguments, passed through a descriptor: /proc/1/cmdline inside shows none."""
         lim = self.limits
         egress_on = self.slot.egress_proxy is not None
-        env = layout.sandbox_env(lim, self.preimport, egress_on)
+        env = layout.sandbox_env(lim, self.preimport, egress_on, self.trust_store)
         env["SANDBANK_INTERRUPT_FD"] = str(interrupt_fd)
         argv = [
             "--unshare-all", "--unshare-user", "--disable-userns",
@@ -114,6 +122,8 @@ class BwrapStarter:
         ]  # fmt: skip
         if egress_on:
             argv += ["--ro-bind", str(self.slot.egress_dir), egress.SOCKET_DIR_INSIDE]
+        for source, dest in trust.binds(self.trust_store):
+            argv += ["--ro-bind", source, dest]
         argv += [
             "--remount-ro", "/",
             "--chdir", "/workspace",
@@ -175,6 +185,7 @@ class BwrapBackend(Backend):
             limits=self.limits,
             preimport=preimport,
             seccomp=self.host.seccomp,
+            trust_store=self.host.trust_store,
         )
         return SupervisedSandbox(sandbox_id, IsolatedBox(slot, starter.launch), self.limits)
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from ...config import Settings
 from ...egress import sandboxing as egress
-from ..channel import WorkerBroken, WorkerGone, WorkerProcess
-from ..host import disk, layout
+from ..channel import WorkerGone, WorkerProcess, read_frame
+from ..host import disk, layout, trust
 from ..host.machine import IsolatedHost, check_tools
 from ..host.slot import IsolatedBox, Slot
 from ..inside import protocol
@@ -135,15 +135,7 @@ class ForkedWorker(WorkerProcess):
             raise WorkerGone from e
 
     async def recv(self) -> dict[str, Any]:
-        try:
-            head = await self._reader.readexactly(protocol.HEADER.size)
-            (size,) = protocol.HEADER.unpack(head)
-            protocol.check_size(size, protocol.MAX_REPLY)
-            return protocol.decode(await self._reader.readexactly(size))
-        except (asyncio.IncompleteReadError, ConnectionResetError) as e:
-            raise WorkerGone from e
-        except protocol.ProtocolViolation as e:
-            raise WorkerBroken(str(e)) from e
+        return await read_frame(self._reader)
 
     async def wait(self, timeout: float = 5.0) -> int | None:
         try:
@@ -176,7 +168,16 @@ class ForkedWorker(WorkerProcess):
 class ForkStarter:
     """Starts a sandbox's worker as a fork of the template, on its slot's uid, cgroups, disk."""
 
-    def __init__(self, slot: Slot, *, limits: Limits, preimport: bool, template: Template) -> None:
+    def __init__(
+        self,
+        slot: Slot,
+        *,
+        limits: Limits,
+        preimport: bool,
+        template: Template,
+        trust_store: Path | None = None,
+    ) -> None:
+        self.trust_store = trust_store  # bound at /etc/ssl/certs (host/trust.py)
         # The template has imported the data stack. `preimport` (the warm pool's sandboxes)
         # runs its first-use paths once more in the child, so the pages they write are copied
         # before a lease rather than during the client's first pandas call.
@@ -188,9 +189,10 @@ class ForkStarter:
     def _order(self) -> dict[str, Any]:
         slot = self.slot
         egress_on = slot.egress_proxy is not None
-        env = layout.sandbox_env(self.limits, self.preimport, egress_on)
+        env = layout.sandbox_env(self.limits, self.preimport, egress_on, self.trust_store)
         env["SANDBANK_INTERRUPT_FD"] = str(INTERRUPT_FD)
         binds = [(str(slot.egress_dir), egress.SOCKET_DIR_INSIDE)] if egress_on else []
+        binds += trust.binds(self.trust_store)
         return {
             "uid": slot.uid,
             "cgroup_procs": slot.cgroup.procs_files(),
@@ -281,7 +283,13 @@ class ForkBackend(Backend):
         assert self.template is not None, "check() first"
         sandbox_id = new_sandbox_id()
         slot = self.host.slot(sandbox_id, formatted_disk=self.formatted_disk)
-        starter = ForkStarter(slot, limits=self.limits, preimport=preimport, template=self.template)
+        starter = ForkStarter(
+            slot,
+            limits=self.limits,
+            preimport=preimport,
+            template=self.template,
+            trust_store=self.host.trust_store,
+        )
         return SupervisedSandbox(sandbox_id, IsolatedBox(slot, starter.launch), self.limits)
 
     def sweep(self) -> None:

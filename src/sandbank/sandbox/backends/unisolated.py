@@ -16,8 +16,8 @@ import signal
 import sys
 from pathlib import Path
 
-from ...egress.config import EgressConfig
 from ..channel import WorkerProcess
+from ..egress import EgressConfig
 from ..host.layout import INSIDE_DIR
 from ..supervisor import SupervisedSandbox
 from .base import INTERPRETERS, RUNTIME, Backend, new_sandbox_id

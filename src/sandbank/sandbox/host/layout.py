@@ -14,7 +14,7 @@ from pathlib import Path
 from ...egress import sandboxing as egress
 from ...egress.proxy import SOCKET_NAME
 from ..limits import Limits
-from . import image
+from . import image, trust
 
 INSIDE_DIR = Path(__file__).resolve().parents[1] / "inside"
 RUNTIME_MOUNT = "/opt/sandbank/runtime"
@@ -35,7 +35,9 @@ def inside_code() -> dict[str, bytes]:
     return image.tree_files(INSIDE_DIR)
 
 
-def sandbox_env(limits: Limits, preimport: bool, egress_on: bool) -> dict[str, str]:
+def sandbox_env(
+    limits: Limits, preimport: bool, egress_on: bool, trust_store: Path | None = None
+) -> dict[str, str]:
     """The environment every sandboxed worker starts with (the fork template's too)."""
     threads = str(max(1, int(limits.cpus)))
     env = {
@@ -58,6 +60,7 @@ def sandbox_env(limits: Limits, preimport: bool, egress_on: bool) -> dict[str, s
     env.update(egress.pip_env(network=egress_on))
     if egress_on:
         env.update(egress.proxy_env(SOCKET_NAME))
+    env.update(trust.sandbox_env(trust_store))
     return env
 
 

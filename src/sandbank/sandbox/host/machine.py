@@ -18,12 +18,12 @@ from pathlib import Path
 
 from ... import capacity
 from ...config import Settings
-from ...egress.config import EgressConfig, build_proxy
 from ...egress.proxy import EgressProxy
 from ...errors import IsolationUnavailable
 from ..channel import WorkerProcess
+from ..egress import EgressConfig, build_proxy
 from ..limits import Limits
-from . import cgroups, disk
+from . import cgroups, disk, trust
 from .layout import HOST_PATH
 from .seccomp import build_filter
 from .slot import Slot, remove_sandbox_dir
@@ -128,6 +128,7 @@ class IsolatedHost:
         self.runtime_dir = settings.runtime_dir.resolve()
         self.uids: UidAllocator | None = None
         self.seccomp = b""
+        self.trust_store: Path | None = None  # bound at /etc/ssl/certs in every sandbox
         # Sandboxes get a way out only when the operator allows some network (README).
         self.egress_proxy: EgressProxy | None = build_proxy(
             settings, EgressConfig.from_settings(settings)
@@ -153,6 +154,7 @@ class IsolatedHost:
                         f"reach {target}: move it or `chmod o+x {parent}`"
                     )
         self.seccomp = build_filter()
+        self.trust_store = trust.prepare(self.settings)  # the sandboxes' CA bundle
         s = self.settings
         self.uids = UidAllocator(s.uid_lock_dir, s.uid_base, s.uid_count)
 

@@ -167,7 +167,7 @@ def remove_sandbox_dir(path: Path) -> None:
         if disk.is_mounted(path / "egress"):
             disk.unmount(str(path / "egress"), lazy=True)
         disk.destroy(path / "disk.img", path / "ws")
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - retried by the sweep; the rest still runs
         log.warning("sandbox %s: its disk is not removed yet: %s", path.name, e)
     if not disk.is_mounted(path / "ws"):
         shutil.rmtree(path, ignore_errors=True)

@@ -1,9 +1,10 @@
 """Display outputs, as notebooks have them: an object's representations by media type.
 
-`display(obj)` (a builtin of the session, as in IPython) and a cell's echoed last expression
-give a bundle: `text/plain` always, and whatever the object's `_repr_*_` methods give
-(`text/html` for a DataFrame, `image/png` for a matplotlib figure...). A method that raises
-is skipped. Bundles are capped: a representation over the cap is left out, and said so.
+IPython's formatters make them (`display(obj)`, an echoed value, `IPython.display.HTML`...):
+`text/plain` always, and whatever the object's `_repr_*_` methods give (`text/html` for a
+DataFrame...); a matplotlib figure gets `image/png`. Here a formatted object becomes a bundle:
+binary forms base64-encoded, JSON forms serialized, and the whole capped: a representation over
+the cap is left out, and said so.
 """
 
 from __future__ import annotations
@@ -11,60 +12,29 @@ from __future__ import annotations
 import base64
 import io
 import json
-from collections.abc import Callable
 from typing import Any
 
 MAX_BUNDLE_CHARS = 1 << 20  # all representations of one object together
 MAX_BUNDLES = 50  # per call
-
-# _repr_ method → media type; binary ones are sent base64-encoded.
-REPR_METHODS = (
-    ("_repr_html_", "text/html"),
-    ("_repr_markdown_", "text/markdown"),
-    ("_repr_svg_", "image/svg+xml"),
-    ("_repr_png_", "image/png"),
-    ("_repr_jpeg_", "image/jpeg"),
-    ("_repr_latex_", "text/latex"),
-    ("_repr_json_", "application/json"),
-)
-BINARY = {"image/png", "image/jpeg"}
+BINARY = {"image/png", "image/jpeg", "application/pdf"}
 
 
-def _figure_png(obj: Any) -> bytes | None:
-    """A matplotlib figure's PNG, without importing matplotlib for objects that are not one."""
-    cls = type(obj)
-    if cls.__name__ != "Figure" or not cls.__module__.startswith("matplotlib"):
-        return None
+def figure_png(fig: Any) -> bytes:
+    """A matplotlib figure's PNG (IPython's formatter for `matplotlib.figure.Figure`)."""
     buf = io.BytesIO()
-    obj.savefig(buf, format="png", bbox_inches="tight")
+    fig.savefig(buf, format="png", bbox_inches="tight")
     return buf.getvalue()
 
 
-def bundle(obj: Any) -> dict[str, Any]:
+def bundle_of(data: dict[str, Any]) -> dict[str, Any]:
     """{"data": {media type: text}, "cut": [media types left out for their size]}."""
-    data: dict[str, str] = {}
+    shown: dict[str, str] = {}
     cut: list[str] = []
-    try:
-        data["text/plain"] = repr(obj)
-    except Exception as e:
-        data["text/plain"] = f"<{type(obj).__name__} object; repr failed: {e!r}>"
-    used = len(data["text/plain"])
-    rich: list[tuple[str, Callable[[], Any]]] = []
-    for method, media in REPR_METHODS:
-        fn = getattr(obj, method, None)
-        if callable(fn) and not isinstance(obj, type):
-            rich.append((media, fn))
-    rich.append(("image/png", lambda: _figure_png(obj)))
-    for media, fn in rich:
-        if media in data:
-            continue
-        try:
-            value = fn()
-        except Exception:  # noqa: S112 - a broken _repr_*_ only loses that form
-            continue
-        if isinstance(value, tuple):  # (data, metadata), as IPython allows
-            value = value[0]
-        if value is None:
+    plain = data.get("text/plain")
+    shown["text/plain"] = plain if isinstance(plain, str) else ""
+    used = len(shown["text/plain"])
+    for media, value in data.items():
+        if media == "text/plain":
             continue
         text = _as_text(media, value)
         if text is None:
@@ -72,12 +42,12 @@ def bundle(obj: Any) -> dict[str, Any]:
         if used + len(text) > MAX_BUNDLE_CHARS:
             cut.append(media)
             continue
-        data[media] = text
+        shown[media] = text
         used += len(text)
-    if len(data["text/plain"]) > MAX_BUNDLE_CHARS:
-        data["text/plain"] = data["text/plain"][:MAX_BUNDLE_CHARS] + "..."
+    if len(shown["text/plain"]) > MAX_BUNDLE_CHARS:
+        shown["text/plain"] = shown["text/plain"][:MAX_BUNDLE_CHARS] + "..."
         cut.append("text/plain (shortened)")
-    out: dict[str, Any] = {"data": data}
+    out: dict[str, Any] = {"data": shown}
     if cut:
         out["cut"] = cut
     return out
@@ -87,10 +57,10 @@ def _as_text(media: str, value: Any) -> str | None:
     if media in BINARY:
         if isinstance(value, bytes | bytearray):
             return base64.b64encode(value).decode("ascii")
-        return str(value) if isinstance(value, str) else None  # already base64
-    if media == "application/json":
+        return value if isinstance(value, str) else None  # already base64
+    if media == "application/json" or not isinstance(value, str):
         try:
             return json.dumps(value)
         except (TypeError, ValueError):
             return None
-    return value if isinstance(value, str) else None
+    return value

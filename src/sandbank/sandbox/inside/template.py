@@ -376,6 +376,10 @@ def preload(modules: list[str]) -> list[str]:
             importlib.import_module(name)
         except Exception as e:
             failed.append(f"{name}: {e!r}")
+    try:
+        importlib.import_module("sandbank_inside.notebook").prepare()  # the session's shell
+    except Exception as e:
+        failed.append(f"the Python shell: {e!r}")
     importlib.import_module("sandbank_inside.editor")  # the worker imports it
     with contextlib.suppress(ImportError):
         importlib.import_module("sandbank_plotly")  # and this, at its start

@@ -14,7 +14,6 @@ import signal
 import sys
 import threading
 import traceback
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +21,8 @@ from . import protocol as p
 from .capture import Capture
 from .editor import Editor
 from .files import produced, scan
-from .pyexec import PythonRunner, hide_frames_of
+from .notebook import session_shell
+from .pyexec import PythonRunner
 from .shell import Shell, ShellUnavailable
 
 WORKSPACE = os.environ.get("SANDBANK_WORKSPACE", "/workspace")
@@ -79,9 +79,9 @@ class Channel:
 class Worker:
     """The request loop, on the main thread; interrupts arrive on a pipe of their own."""
 
-    def __init__(self, channel: Channel, namespace: dict[str, Any]) -> None:
+    def __init__(self, channel: Channel) -> None:
         self.channel = channel
-        self.python = PythonRunner(namespace, owner_pid=channel.pid)
+        self.python = PythonRunner(session_shell(), owner_pid=channel.pid)
         self.shell = Shell(WORKSPACE)
         self.editor = Editor(WORKSPACE)
         self.busy: str | None = None
@@ -147,8 +147,7 @@ class Worker:
     def warm_up(self) -> None:
         """Run one empty call, so the first real one does not pay for first-time set-up."""
         with Capture(1024):
-            self.python.run("None")
-        self.python.cell = 0
+            self.python.warm_up()
         scan(WORKSPACE)
 
     def _live(self) -> tuple[Callable[[str], None], Callable[[str], None]]:
@@ -238,11 +237,8 @@ def main() -> None:
             preimport()
         except Exception:
             traceback.print_exc()
-    hide_frames_of(__file__)
-    # The namespace the user sees starts clean: a fresh __main__, not this module.
-    main_module = types.ModuleType("__main__")
-    sys.modules["__main__"] = main_module
-    worker = Worker(channel, main_module.__dict__)
+    # The namespace the user sees starts clean: the shell's own fresh __main__, not this module.
+    worker = Worker(channel)
     interrupt_fd = int(os.environ.pop("SANDBANK_INTERRUPT_FD"))
     os.set_inheritable(interrupt_fd, False)
     worker.warm_up()

@@ -1,14 +1,14 @@
-"""The operator's egress settings, read once: the policies and the proxy they call for."""
+"""The operator's egress settings for sandboxes, read once: the policies and the proxy."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..config import Settings
-from .limits import EgressLimits
-from .policy import NetworkPolicy
-from .proxy import EgressProxy
-from .resolver import FixedResolver, Resolver, SystemResolver
+from ..egress.limits import EgressLimits
+from ..egress.policy import NetworkPolicy
+from ..egress.proxy import EgressProxy
+from ..egress.resolver import FixedResolver, Resolver, SystemResolver
 
 
 @dataclass(frozen=True)
