@@ -13,8 +13,8 @@ from tests.edges.probes import connect, exchange, get, open_fds, read_response, 
 from tests.support import Server
 
 MiB = 1 << 20
-PER_CLIENT = EDGE["max_connections_per_client"]
-TOTAL = EDGE["max_connections"]
+PER_CLIENT: int = EDGE["max_connections_per_client"]
+TOTAL: int = EDGE["max_connections"]
 
 
 def _hold(port: int, source: str, count: int) -> list[socket.socket]:

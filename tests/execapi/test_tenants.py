@@ -10,11 +10,13 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support import Server, data_dir
+from tests.tiers import needs
 
 GREEDY, QUIET = "greedy-tenant-token-1", "quiet-tenant-token-2"
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 def two_tenants() -> Iterator[Server]:
     with data_dir() as d:
         srv = Server(d, max_sessions=4, exec_tokens=f"{GREEDY},{QUIET}").start()

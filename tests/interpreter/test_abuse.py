@@ -14,12 +14,14 @@ import pytest
 
 from tests.interpreter.fake_llm import FakeLLM
 from tests.interpreter.harness import Client, Server, openai_env, running
+from tests.tiers import needs
 
 QUOTA = 200_000
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
+@needs("root")
 def server() -> Iterator[Server]:
     env = {
         "SANDBANK_MAX_STORED_BYTES_PER_USER": str(QUOTA),
@@ -184,7 +186,9 @@ def test_a_field_flood_with_a_signed_url_stops_at_the_parts_cap(server: Server) 
         assert user.ok("GET", f"/api/sessions/{sid}/files") == []
 
 
-def test_the_agent_is_told_what_the_sessions_network_policy_allows(llm: FakeLLM) -> None:
+def test_the_agent_is_told_what_the_sessions_network_policy_allows(
+    llm: FakeLLM, machine: None
+) -> None:
     env = {**openai_env(llm.url), "SANDBANK_EGRESS_ALLOW": "api.example.com:443"}
     with running(env) as server, server.new_user() as user:
         sid = user.new_session()
@@ -195,7 +199,7 @@ def test_the_agent_is_told_what_the_sessions_network_policy_allows(llm: FakeLLM)
     assert "no internet" not in system.lower()
 
 
-def test_event_streams_are_capped_per_user_and_in_all(llm: FakeLLM) -> None:
+def test_event_streams_are_capped_per_user_and_in_all(llm: FakeLLM, machine: None) -> None:
     env = {
         **openai_env(llm.url),
         "SANDBANK_MAX_EVENT_STREAMS_PER_USER": "2",

@@ -127,7 +127,9 @@ def _after_access_lines(log: Path, count: int) -> str:
         time.sleep(0.05)
 
 
-def test_control_characters_a_client_puts_in_a_path_never_forge_a_log_line() -> None:
+def test_control_characters_a_client_puts_in_a_path_never_forge_a_log_line(
+    machine: None,
+) -> None:
     for log_format in ("text", "json"):
         env = {"SANDBANK_LOG_LEVEL": "info", "SANDBANK_LOG_FORMAT": log_format}
         with running(env) as server:

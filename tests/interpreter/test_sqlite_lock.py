@@ -12,7 +12,9 @@ from tests.interpreter.harness import Server, data_dir, running
 from tests.support import SANDBANK, env_for
 
 
-def test_a_second_server_on_the_same_data_directory_refuses_and_touches_nothing() -> None:
+def test_a_second_server_on_the_same_data_directory_refuses_and_touches_nothing(
+    machine: None,
+) -> None:
     with running({"SANDBANK_POOL_SIZE": "1"}) as first:
         assert first.proc is not None
         with first.new_user() as user:

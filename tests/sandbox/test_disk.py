@@ -52,7 +52,9 @@ def _exec(client: httpx.Client, sid: str, command: str) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("isolation", ["fork", "bwrap"])
-def test_a_tenant_filling_its_disk_costs_no_other_session_a_written_byte(isolation: str) -> None:
+def test_a_tenant_filling_its_disk_costs_no_other_session_a_written_byte(
+    isolation: str, machine: None
+) -> None:
     with small_disk(224) as data:
         # ~200 MiB free, 40 kept: three workspaces of 48 MiB fit, a fourth would eat the reserve.
         server = Server(

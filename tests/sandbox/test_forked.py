@@ -170,7 +170,7 @@ async def test_an_aged_or_changed_template_is_retired_after_its_sandboxes_end(
             await rt.close()
 
 
-async def test_sessions_forked_apart_in_time_have_different_hash_secrets() -> None:
+async def test_sessions_forked_apart_in_time_have_different_hash_secrets(machine: None) -> None:
     """The str-hash secret is fixed at a template's start and shared by its forks: a template
     is replaced once older than `fork_template_max_age_seconds`, so only sessions forked
     within that long of each other share it."""

@@ -8,6 +8,7 @@ import signal
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -42,11 +43,16 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("isolation", ["fork", "bwrap"])
-def test_the_next_server_sweeps_what_a_killed_one_left(isolation: str) -> None:
+def test_the_next_server_sweeps_what_a_killed_one_left(isolation: str, machine: None) -> None:
     locks = Path(tempfile.mkdtemp(prefix="sandbank-test-uid-locks-"))
     for uid in range(610000, 610500):  # a long-running machine's litter of uid lock files
         (locks / str(uid)).touch()
-    limits = {"isolation": isolation, "uid_lock_dir": locks, "uid_base": 610000, "pool_size": 2}
+    limits: dict[str, Any] = {
+        "isolation": isolation,
+        "uid_lock_dir": locks,
+        "uid_base": 610000,
+        "pool_size": 2,
+    }
     with data_dir() as first_dir, data_dir() as second_dir:
         killed = Server(first_dir, **limits).start()
         second = Server(second_dir, **limits)

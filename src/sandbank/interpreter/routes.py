@@ -178,4 +178,3 @@ class ReleasingStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.release()
-
