@@ -7,6 +7,7 @@ backend without a fixture saying so fails: the fast tier stays honest.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +27,26 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A server (or any process) a test started and left running fails the run, and is
+    ended so it does not outlive it."""
+    import signal
+
+    from tests.support import left_running
+
+    leftovers = left_running()
+    if not leftovers:
+        return
+    for pid, _ in leftovers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    listed = "\n".join(f"  {pid}: {cmdline}" for pid, cmdline in leftovers)
+    session.config.get_terminal_writer().line(
+        f"\nprocesses started by tests were left running (now killed):\n{listed}", red=True
+    )
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for tier in tiers_of(item):
@@ -43,7 +64,7 @@ def _refuse_outside_the_root_tier(owner: type, name: str) -> None:
         if not _ROOT_ALLOWED[0]:
             pytest.fail(
                 f"{owner.__name__}.{name}: a test of the fast tier starts a real server or "
-                "sandbox backend; give the fixture that does it `@needs(\"root\")` "
+                'sandbox backend; give the fixture that does it `@needs("root")` '
                 "(tests/tiers.py), or use the fake backend"
             )
         return real(self, *args, **kwargs)

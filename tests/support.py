@@ -23,6 +23,10 @@ REPO = Path(__file__).resolve().parents[1]
 RUNTIME_DIR = Path(os.environ.get("SANDBANK_TEST_RUNTIME_DIR", REPO / ".runtime"))
 SANDBANK = str(Path(sys.executable).with_name("sandbank"))
 UID_LOCK_DIR = Path(tempfile.gettempdir()) / "sandbank-test-uids"
+# Marks every server this test run starts, so the run's end can find one left running
+# (tests/conftest.py) among those of other runs on the machine.
+TEST_RUN_VARIABLE = "SANDBANK_TEST_RUN"
+TEST_RUN = str(os.getpid())
 
 # Small limits: the suite runs on 2 cores next to other work.
 TEST_LIMITS: dict[str, Any] = {
@@ -67,7 +71,30 @@ def env_for(data: Path, **overrides: Any) -> dict[str, str]:
         text = str(value).lower() if isinstance(value, bool) else str(value)
         env[f"SANDBANK_{key.upper()}"] = text
     env["SANDBANK_DATA_DIR"] = str(data)
+    env[TEST_RUN_VARIABLE] = TEST_RUN
     return env
+
+
+def left_running(run: str = TEST_RUN) -> list[tuple[int, str]]:
+    """(pid, command line) of the processes started by test run `run` still alive."""
+    marker = f"{TEST_RUN_VARIABLE}={run}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if marker not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            with open(f"/proc/{name}/stat", "rb") as f:
+                if f.read().rpartition(b")")[2].split()[0] == b"Z":
+                    continue  # exited, awaiting its parent's wait
+        except OSError:
+            continue
+        found.append((int(name), cmdline))
+    return found
 
 
 class Server:
@@ -92,6 +119,7 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> Server:
+        """Start and wait until ready; a server that fails to is ended before this raises."""
         argv = [SANDBANK, "serve", "--port", str(self.port), "--data-dir", str(self.data)]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=log)
@@ -103,10 +131,12 @@ class Server:
                 if httpx.get(f"{self.base_url}{self.ready}", timeout=1).status_code == 200:
                     return self
             time.sleep(0.1)
+        self.stop(signal.SIGKILL)  # never left running by a test that could not use it
         raise RuntimeError(f"server did not start:\n{self.log.read_text()[-3000:]}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 40.0) -> int:
-        assert self.proc is not None
+        if self.proc is None:
+            return 0  # never started
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:

@@ -29,8 +29,27 @@ def test_small_machines_get_the_floor_and_uids_bound_the_count() -> None:
 
 def test_the_setting_is_derived_only_when_left_at_zero() -> None:
     assert Settings(max_sessions=7).max_sessions == 7
-    derived = Settings(isolation="fork", memory_limit_mb=512).max_sessions
-    assert derived == capacity.derived_max_sessions("fork", 512, 50000)
+    settings = Settings(isolation="fork", memory_limit_mb=512)
+    room = capacity.disk_room(settings.data_dir, settings.disk_limit_mb, settings.disk_reserve_mb)
+    derived = capacity.derived_max_sessions("fork", 512, 50000, disk_room=room)
+    assert settings.max_sessions == derived
+
+
+def test_the_data_disk_bounds_the_sessions_and_their_pool(tmp_path: Path) -> None:
+    by_memory = capacity.derived_max_sessions("fork", 512, 50000, total=64 * GiB)
+    assert capacity.derived_max_sessions("fork", 512, 50000, total=64 * GiB, disk_room=105) == 100
+    assert capacity.derived_max_sessions("fork", 512, 50000, total=64 * GiB, disk_room=0) == (
+        capacity.FLOOR
+    )
+    assert by_memory > 100
+    fs = os.statvfs(tmp_path)
+    free_mb = fs.f_bavail * fs.f_frsize // (1 << 20)
+    assert capacity.disk_room(tmp_path / "not" / "yet", 1024, 0) in (
+        free_mb // 1024 - 1,
+        free_mb // 1024,
+        free_mb // 1024 + 1,
+    )
+    assert capacity.disk_room(tmp_path, 1024, free_mb + 1) == 0
 
 
 def test_sandboxes_together_leave_the_server_its_reserve() -> None:

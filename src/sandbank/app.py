@@ -136,7 +136,7 @@ class Interpreter:
         url = database_url(self.settings)
         if not url.startswith("sqlite:///"):
             return False
-        lock = ServeLock(Path(url.removeprefix("sqlite:///")))
+        lock = ServeLock.of_database(Path(url.removeprefix("sqlite:///")))
         holder = lock.acquire()
         if holder is not None:
             log.warning(
@@ -203,7 +203,9 @@ class Services:
             door_sandboxes: Sandboxes = FleetSandboxes(self.fleet)
         else:
             if sandboxes is None:
-                sandboxes = self.local = LocalSandboxes(s, hooks=SandboxHooks(self.metrics))
+                sandboxes = self.local = LocalSandboxes(
+                    s, hooks=SandboxHooks(self.metrics), tenants=len(tokens)
+                )
             elif isinstance(sandboxes, LocalSandboxes):
                 self.local = sandboxes
             if self.local is not None:

@@ -12,6 +12,7 @@ when they outgrow the machine, the kernel kills inside a sandbox, never the serv
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 MiB = 1 << 20
 # Measured per idle pandas session, filling a 24 GiB machine (bench/capacity.py --fill: fork
@@ -24,8 +25,14 @@ FLOOR, CEILING = 4, 2000  # below the floor a server is not worth running; the c
 # (agents start many at once) is served from it; a pooled fork costs what an idle session does.
 POOL_SHARE, POOL_MIN, POOL_MAX = 20, 2, 64
 # The server's descriptors: its own, plus each sandbox's pipes and pidfd (counted in
-# /proc/<server>/fd: 7 a sandbox with fork, 5 with bwrap).
+# /proc/<server>/fd: 7 a sandbox with fork, 5 with bwrap), plus one per client connection.
 FDS_BASE, FDS_PER_SANDBOX = 1024, 8
+CONNECTIONS_DEFAULT, CONNECTIONS_FLOOR = 4096, 64
+# The listener's backlog: asyncio accepts up to this many connections in one go, and each
+# refused one is closed an event-loop turn or two later, so a burst past the cap holds up to
+# about twice this many descriptors for a moment (bench/edges.py).
+ACCEPT_BACKLOG = 1024
+ACCEPT_BURST = 2 * ACCEPT_BACKLOG
 
 
 def mem_total() -> int:
@@ -85,14 +92,32 @@ def _read_limit(path: str) -> int:
 
 
 def derived_max_sessions(
-    isolation: str, memory_limit_mb: int, uid_count: int, total: int | None = None
+    isolation: str,
+    memory_limit_mb: int,
+    uid_count: int,
+    total: int | None = None,
+    disk_room: int | None = None,
 ) -> int:
-    """The default session count for this machine's memory and cores (README, "Capacity")."""
+    """The default session count for this machine's memory and cores (README, "Capacity"),
+    and its data disk: `disk_room` workspaces fit there, beside the warm pool's."""
     total_mib = (mem_total() if total is None else total) // MiB
     busy = max(2, os.cpu_count() or 1)
     budget = total_mib - SERVER_RESERVE_MIB - busy * memory_limit_mb
     n = budget // IDLE_COST_MIB.get(isolation, IDLE_COST_MIB["bwrap"])
+    if disk_room is not None:
+        n = min(n, disk_room - derived_pool_size(isolation, disk_room))
     return int(max(FLOOR, min(CEILING, uid_count, n)))
+
+
+def disk_room(data_dir: Path, disk_limit_mb: int, reserve_mb: int) -> int:
+    """How many workspaces of `disk_limit_mb` the data directory's file system holds now
+    beside `reserve_mb` (each is allocated whole: sandbox/host/disk.py)."""
+    path = data_dir.resolve()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    fs = os.statvfs(path)
+    free = fs.f_bavail * fs.f_frsize - reserve_mb * MiB
+    return max(0, free // (disk_limit_mb * MiB))
 
 
 def derived_pool_size(isolation: str, max_sessions: int) -> int:
@@ -108,14 +133,24 @@ def sessions_memory(total: int | None = None) -> int:
     return max(total - SERVER_RESERVE_MIB * MiB, total // 2)
 
 
-def raise_open_files(sandboxes: int) -> tuple[int, int]:
-    """Raise the server's soft RLIMIT_NOFILE toward what `sandboxes` need; (soft, wanted).
+def connection_limit(sandboxes: int, wanted: int = 0) -> int:
+    """How many client connections the server holds at once: `wanted` (0: the default), less
+    when the open-files limit leaves less room beside the sandboxes' descriptors."""
+    wanted = wanted or CONNECTIONS_DEFAULT
+    soft, _ = raise_open_files(sandboxes, wanted + ACCEPT_BURST)
+    room = soft - FDS_BASE - FDS_PER_SANDBOX * sandboxes - ACCEPT_BURST
+    return min(wanted, max(CONNECTIONS_FLOOR, room))
+
+
+def raise_open_files(sandboxes: int, connections: int = 0) -> tuple[int, int]:
+    """Raise the server's soft RLIMIT_NOFILE toward what `sandboxes` and `connections` need;
+    (soft, wanted).
 
     Only up to the hard limit (or the kernel's `nr_open`), which the server does not change.
     """
     import resource
 
-    want = FDS_BASE + FDS_PER_SANDBOX * sandboxes
+    want = FDS_BASE + FDS_PER_SANDBOX * sandboxes + connections
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY:
         with open("/proc/sys/fs/nr_open") as f:  # the kernel's own ceiling

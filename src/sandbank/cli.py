@@ -61,11 +61,15 @@ def serve(args: argparse.Namespace) -> int:
     logs.setup(settings)  # first: what the checks log is in the log's format (JSON, perhaps)
     for warning in warnings:
         log.warning("%s", warning)
-    startup.check(settings)
-    from .http.auth import load_tokens
+    owner = startup.own_data_dir(settings)  # before anything of the directory is touched
+    try:
+        startup.check(settings)
+        from .http.auth import load_tokens
 
-    tokens = 0 if settings.role == "node" else len(load_tokens(settings))
-    return run(settings, announce=startup.summary(settings, tokens))
+        tokens = 0 if settings.role == "node" else len(load_tokens(settings))
+        return run(settings, announce=startup.summary(settings, tokens))
+    finally:
+        owner.release()
 
 
 def mcp(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .capacity import derived_max_sessions, derived_pool_size
+from .capacity import derived_max_sessions, derived_pool_size, disk_room
 from .egress.policy import NetworkPolicy
 from .egress.resolver import FixedResolver
 from .errors import ConfigError
@@ -58,6 +58,28 @@ class Settings(BaseSettings):
         description="Log lines as readable `text`, or as `json` objects (one per line) for a "
         "log collector.",
     )
+    max_connections: int = Field(
+        0,
+        ge=0,
+        description="Client connections open at once, every listener together; past it a new "
+        "connection is answered 503 and closed at once. 0 (the default) derives it: 4096, or "
+        "less when the open-files limit leaves less beside what the sandboxes need.",
+    )
+    max_connections_per_client: int = Field(
+        0,
+        ge=0,
+        description="Client connections open at once from one address (behind a proxy, the "
+        "proxy's); past it, 503 and closed. 0 (the default): half of `max_connections`.",
+    )
+    head_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="Time a client has to send a request's line and headers, from its "
+        "connection or the request's first byte; then 408 and the connection is closed.",
+    )
+    keepalive_timeout_seconds: float = Field(
+        5.0, gt=0, description="How long an idle keep-alive connection stays open."
+    )
     public_base_url: str = Field(
         "",
         description="Base URL clients reach this server at (for presigned URLs); "
@@ -80,10 +102,18 @@ class Settings(BaseSettings):
         "every session shares them.",
     )
     fork_template_max_forks: int = Field(
-        200,
+        100,
         ge=0,
         description="With `isolation=fork`: sandboxes one template forks before a fresh one "
-        "replaces it (a new address layout and str-hash secret); 0 never replaces it.",
+        "replaces it (a new address layout and str-hash secret, which the children of one "
+        "template share); 0 never replaces it for this.",
+    )
+    fork_template_max_age_seconds: float = Field(
+        600.0,
+        ge=0,
+        description="With `isolation=fork`: age past which a template is replaced at its next "
+        "fork, so sandboxes sharing its secrets were all forked within this long of each "
+        "other; 0 never replaces it for this.",
     )
     runtime_dir: Path = Field(
         default_factory=_default_runtime_dir,
@@ -93,7 +123,20 @@ class Settings(BaseSettings):
     memory_limit_mb: int = Field(1024, ge=16, description="Memory per session (MiB).")
     pids_limit: int = Field(256, ge=8, description="Processes and threads per session.")
     cpu_limit: float = Field(1.0, gt=0, description="CPU cores per session (CFS quota).")
-    disk_limit_mb: int = Field(1024, ge=4, description="Workspace disk per session (MiB).")
+    disk_limit_mb: int = Field(
+        1024,
+        ge=4,
+        description="Workspace disk per session (MiB), allocated on the data directory's file "
+        'system when the session starts (README, "Disk"), so what a session was told it '
+        "wrote is never lost to another's full disk.",
+    )
+    disk_reserve_mb: int = Field(
+        1024,
+        ge=0,
+        description="Space kept free on the data directory's file system for the database, "
+        "the objects and the logs (MiB): a session whose workspace would eat into it is "
+        "refused with 503.",
+    )
     tmp_limit_mb: int = Field(
         64, ge=1, description="Private /tmp per session (MiB; counts as memory)."
     )
@@ -137,10 +180,26 @@ class Settings(BaseSettings):
     max_sessions_per_tenant: int = Field(
         0,
         ge=0,
-        description="Live sessions one tenant (exec token) may hold; 0 means `max_sessions`. "
-        "When the server is full, sessions of tenants over their fair share are reclaimed "
-        "first, the caller's own before anyone else's.",
+        description="Live sessions one tenant (exec token) may hold. 0 (the default): three "
+        "quarters of `max_sessions` when several tokens are configured (so one tenant keeping "
+        "every session busy never keeps the others out), else all of them. While a tenant "
+        "waits for room, others at their fair share get no more; when the server is full, "
+        "idle sessions of tenants over their fair share are reclaimed first, the caller's own "
+        "before anyone else's.",
     )
+    tenant_max_sessions: str = Field(
+        "",
+        description="Per-tenant exceptions to `max_sessions_per_tenant`: comma-separated "
+        "`TENANT=N`, TENANT being at least 8 hex digits of the tenant's id: the SHA-256 of "
+        "its token, whose first digits `/admin/sessions` shows.",
+    )
+
+    @field_validator("tenant_max_sessions")
+    @classmethod
+    def _tenant_limits(cls, value: str) -> str:
+        parse_tenant_limits(value)  # raises with the offending entry
+        return value
+
     idle_timeout_default: int = Field(
         600, ge=1, description="Idle timeout of a session that asks for none (seconds)."
     )
@@ -420,6 +479,15 @@ class Settings(BaseSettings):
         description="Longest life of one `GET /api/sessions/{id}/events` stream; a client "
         "still waiting reconnects with `from` (its run is not affected).",
     )
+    max_event_streams: int = Field(
+        256,
+        ge=1,
+        description="`GET /api/sessions/{id}/events` streams open at once on this server; past "
+        "it, 503 with Retry-After (each one reads the store while its run goes).",
+    )
+    max_event_streams_per_user: int = Field(
+        8, ge=1, description="Event streams one user may have open at once; past it, 429."
+    )
     max_stored_bytes_per_user: int = Field(
         1024 * MiB,
         ge=1,
@@ -567,8 +635,14 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _derived(self) -> Settings:
         if self.max_sessions == 0:
+            # Isolated workspaces are disk images allocated whole: the data disk bounds them.
+            room = (
+                None
+                if self.isolation == "none"
+                else disk_room(self.data_dir, self.disk_limit_mb, self.disk_reserve_mb)
+            )
             self.max_sessions = derived_max_sessions(
-                self.isolation, self.memory_limit_mb, self.uid_count
+                self.isolation, self.memory_limit_mb, self.uid_count, disk_room=room
             )
         if self.pool_size == -1:
             self.pool_size = derived_pool_size(self.isolation, self.max_sessions)
@@ -588,6 +662,24 @@ class Settings(BaseSettings):
                     "exceed its ceiling"
                 )
         return self
+
+
+def parse_tenant_limits(text: str) -> dict[str, int]:
+    """`TENANT=N,...` (TENANT: at least 8 hex digits of a tenant's id) as {prefix: N}."""
+    found: dict[str, int] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        prefix, sep, number = entry.partition("=")
+        prefix = prefix.strip().lower()
+        valid = len(prefix) >= 8 and all(c in "0123456789abcdef" for c in prefix)
+        if not sep or not valid or not number.strip().isdigit():
+            raise ValueError(
+                f"{entry!r} is not TENANT=N (TENANT: at least 8 hex digits of a tenant's id, "
+                "N: a whole number)"
+            )
+        found[prefix] = int(number)
+    return found
 
 
 def variable(name: str) -> str:

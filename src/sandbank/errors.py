@@ -5,7 +5,10 @@
     │   ├── UnknownTool                400  unknown_tool              1002
     │   ├── Unprocessable              422  unprocessable             1003
     │   ├── UnsupportedMediaType       415  unsupported_media_type    1004
-    │   └── IsADirectory               400  is_a_directory            1005
+    │   ├── IsADirectory               400  is_a_directory            1005
+    │   ├── UriTooLong                 414  uri_too_long              1006
+    │   ├── HeadersTooLarge            431  headers_too_large         1007
+    │   └── RequestTimeout             408  request_timeout           1008
     ├── Unauthorized                   401  unauthorized              1010
     ├── Forbidden                      403  forbidden                 1011
     │   └── PathEscape                 403  path_escape               1012
@@ -20,6 +23,11 @@
     ├── PayloadTooLarge                413  payload_too_large         1040
     │   └── QuotaError                 413  quota_error               1041
     ├── AtCapacity                     503  at_capacity               1050
+    │   ├── TooManyConnections         503  too_many_connections      1051
+    │   ├── TenantShareReached         503  tenant_share_reached      1053
+    │   └── DiskReserved               503  disk_reserved             1054
+    ├── TooManyStreams                 429  too_many_streams          1052
+    ├── StorageFull                    507  storage_full              1055
     ├── SandboxError                   500  sandbox_error             1060
     │   ├── ProtocolError              502  protocol_error            1062
     │   └── SandboxUnavailable         503  sandbox_unavailable       1063
@@ -85,6 +93,30 @@ class UnsupportedMediaType(BadRequest):
     status = 415
     code = "unsupported_media_type"
     number = 1004
+
+
+class UriTooLong(BadRequest):
+    """The request line is longer than the server reads."""
+
+    status = 414
+    code = "uri_too_long"
+    number = 1006
+
+
+class HeadersTooLarge(BadRequest):
+    """The request's headers are more, or larger, than the server reads."""
+
+    status = 431
+    code = "headers_too_large"
+    number = 1007
+
+
+class RequestTimeout(BadRequest):
+    """The request's headers did not arrive in time."""
+
+    status = 408
+    code = "request_timeout"
+    number = 1008
 
 
 class Unauthorized(SandbankError):
@@ -200,6 +232,43 @@ class AtCapacity(SandbankError):
     def __init__(self, message: str = "at capacity", retry_after: int = 5) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class TooManyConnections(AtCapacity):
+    """The server, or this client address, holds the most connections allowed."""
+
+    code = "too_many_connections"
+    number = 1051
+
+
+class TenantShareReached(AtCapacity):
+    """The tenant holds its share of the sessions while the server is full."""
+
+    code = "tenant_share_reached"
+    number = 1053
+
+
+class DiskReserved(AtCapacity):
+    """The data disk cannot hold another workspace beside what is reserved."""
+
+    code = "disk_reserved"
+    number = 1054
+
+
+class TooManyStreams(SandbankError):
+    """The caller has the most event streams open at once."""
+
+    status = 429
+    code = "too_many_streams"
+    number = 1052
+
+
+class StorageFull(SandbankError):
+    """The server's own storage (objects, database) has no room left."""
+
+    status = 507
+    code = "storage_full"
+    number = 1055
 
 
 class SandboxError(SandbankError):

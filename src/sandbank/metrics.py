@@ -21,7 +21,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .agent.model import ChatMessage, Model, ModelReply, TextSink, ToolSpec
@@ -38,6 +38,7 @@ from .protocol.calls import (
 
 if TYPE_CHECKING:
     from .fleet.membership import Membership
+    from .http.edge import ConnectionBook
     from .sandbox.local import LocalSandboxes
 
 log = logging.getLogger("sandbank.model")
@@ -194,12 +195,43 @@ class Metrics:
             registry=self.registry,
         ).set(local.settings.max_sessions)
 
+    def watch_connections(self, book: ConnectionBook) -> None:
+        """The connection edge (http/edge.py): open connections, their cap, refusals."""
+        self.registry.register(Connections(book))
+
     def watch_fleet(self, membership: Membership) -> None:
         """A front's view of its nodes' capacity, read from their latest reports when scraped."""
         self.registry.register(FleetCapacity(membership))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class Connections(Collector):
+    """`sandbank_connections{state}` (open, max) and the connections refused at once."""
+
+    def __init__(self, book: ConnectionBook) -> None:
+        self.book = book
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "sandbank_connections", "Client connections: open now, and the cap.", labels=["state"]
+        )
+        family.add_metric(["open"], self.book.open)
+        family.add_metric(["max"], self.book.max_connections)
+        yield family
+        refused = CounterMetricFamily(
+            "sandbank_connections_refused",
+            "Connections answered 503 at once: the server's or an address's cap reached.",
+        )
+        refused.add_metric([], self.book.refused)
+        yield refused
+        heads = CounterMetricFamily(
+            "sandbank_request_heads_refused",
+            "Requests answered 408, 414 or 431: a head too slow, too long or too large.",
+        )
+        heads.add_metric([], self.book.heads_refused)
+        yield heads
 
 
 class SessionStates(Collector):

@@ -11,8 +11,10 @@ from typing import Literal
 
 import uvicorn
 
+from . import capacity
 from .app import Services, create_app, create_exec_app
 from .config import Settings
+from .http.edge import ConnectionBook, protocol_for
 from .startup import listen_socket
 
 log = logging.getLogger("sandbank")
@@ -48,13 +50,35 @@ class MainServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def connection_book(settings: Settings) -> ConnectionBook:
+    """The connection bounds of every listener of this process (http/edge.py)."""
+    sandboxes = 0 if settings.role == "front" else settings.max_sessions + settings.pool_size
+    limit = capacity.connection_limit(sandboxes, settings.max_connections)
+    if settings.max_connections and limit < settings.max_connections:
+        log.warning(
+            "SANDBANK_MAX_CONNECTIONS=%d is more than the open-files limit leaves beside %d "
+            "sandboxes: %d connections at most (raise `ulimit -Hn`)",
+            settings.max_connections, sandboxes, limit,
+        )  # fmt: skip
+    per_client = settings.max_connections_per_client or max(1, limit // 2)
+    return ConnectionBook(limit, min(per_client, limit), settings.head_timeout_seconds)
+
+
 def _config(
-    app: object, host: str, port: int, settings: Settings, lifespan: Literal["on", "off"]
+    app: object,
+    host: str,
+    port: int,
+    settings: Settings,
+    lifespan: Literal["on", "off"],
+    book: ConnectionBook,
 ) -> uvicorn.Config:
     return uvicorn.Config(
         app,  # type: ignore[arg-type]
         host=host,
         port=port,
+        http=protocol_for(book),  # httptools, bounded: heads, time, connections, early answers
+        backlog=capacity.ACCEPT_BACKLOG,
+        timeout_keep_alive=settings.keepalive_timeout_seconds,  # type: ignore[arg-type]
         log_level=settings.log_level,
         log_config=None,  # uvicorn's lines go through our handler (text or JSON, request ids)
         access_log=False,
@@ -87,15 +111,15 @@ def run(settings: Settings, announce: str = "") -> int:
         log.info("%s", announce)
     app = create_app(settings)
     services: Services = app.state.services
+    book = connection_book(settings)
+    services.metrics.watch_connections(book)
     peers: list[uvicorn.Server] = []
     if settings.exec_api == "separate":
         exec_app = create_exec_app(services, settings)
-        peers.append(
-            uvicorn.Server(
-                _config(exec_app, settings.exec_api_host, settings.exec_api_port, settings, "off")
-            )
-        )
-    main = MainServer(_config(app, settings.host, settings.port, settings, "on"), services, peers)
+        host, port = settings.exec_api_host, settings.exec_api_port
+        peers.append(uvicorn.Server(_config(exec_app, host, port, settings, "off", book)))
+    config = _config(app, settings.host, settings.port, settings, "on", book)
+    main = MainServer(config, services, peers)
     # asyncio's own loop, not uvloop: uvloop's pipe transports close their descriptor twice
     # (MagicStack/uvloop#763), which under load closed other sandboxes' pipes and the fork
     # template's socket, and its subprocesses inherit every inheritable descriptor.

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from .config import Settings
 from .errors import ConfigError
+from .store.lockfile import ServeLock
 
 SUGGESTED_DATA_DIR = "/var/lib/sandbank"
 
@@ -182,6 +183,20 @@ def check_exposure(settings: Settings, tokens: list[str]) -> list[str]:
         "your proxies' addresses in SANDBANK_TRUSTED_PROXIES, listen on 127.0.0.1, or, if only "
         "trusted clients can reach this address, set SANDBANK_ALLOW_UNAUTHENTICATED=1"
     )
+
+
+def own_data_dir(settings: Settings) -> ServeLock:
+    """Take the data directory for this server, before anything in it is touched; a
+    `ConfigError` naming the holder when another server has it."""
+    path = Path(os.path.abspath(settings.data_dir))
+    lock = ServeLock.of_data_dir(path)
+    holder = lock.acquire()
+    if holder is not None:
+        raise ConfigError(
+            f"SANDBANK_DATA_DIR={path} is served by another sandbank server ({holder}): stop "
+            "it, or give this one a data directory of its own"
+        )
+    return lock
 
 
 def check(settings: Settings) -> None:

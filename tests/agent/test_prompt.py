@@ -99,6 +99,22 @@ async def test_the_tags_format_asks_for_the_spec_clients_tags(workbench: FakeWor
     assert "![chart]" not in text and "plotly" in text
 
 
+async def test_the_prompt_says_what_the_network_policy_allows(workbench: FakeWorkbench) -> None:
+    allowed = await build_system_prompt(
+        workbench,
+        sandbox_recreated=False,
+        inspect_root=str(workbench.root),
+        network="api.example.com:443, *.pypi.org:443",
+    )
+    assert "no internet" not in allowed.lower()
+    assert "only to api.example.com:443, *.pypi.org:443 (HOST:PORT)" in allowed
+    assert "HTTP and HTTPS only, through a filtering proxy" in allowed
+    closed = await build_system_prompt(
+        workbench, sandbox_recreated=False, inspect_root=str(workbench.root), network="none"
+    )
+    assert "Network: none: there is no internet access." in closed
+
+
 async def test_the_packages_named_are_the_runtime_images_own_list(
     workbench: FakeWorkbench, tmp_path: Path
 ) -> None:

@@ -108,7 +108,7 @@ async def test_no_interface_no_resolver_and_direct_ip_udp_and_raw_sockets_fail(
         assert lines[0] == "['lo']", r
         assert lines[1:] == ["failed " + x for x in (
             "OSError", "ConnectionRefusedError", "OSError", "PermissionError",
-            "PermissionError", "gaierror",
+            "OSError", "gaierror",  # AF_PACKET: EAFNOSUPPORT, refused by the filter
         )], r  # fmt: skip
         r = await sb.sh(
             "cat /proc/net/route | wc -l; curl -sS --noproxy '*' http://allowed.test/ 2>&1"

@@ -75,9 +75,13 @@ class LoopbackFleet:
         self.front = front(d, [(n, s.base_url) for n, s in self.nodes.items()], **front_overrides)
 
     def start(self) -> LoopbackFleet:
-        for s in self.nodes.values():
-            s.start()
-        self.front.start()
+        try:
+            for s in self.nodes.values():
+                s.start()
+            self.front.start()
+        except BaseException:
+            self.stop()  # what did start is not left running
+            raise
         return self
 
     def stop(self) -> None:

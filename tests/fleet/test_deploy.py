@@ -306,3 +306,20 @@ def test_every_credential_of_the_examples_is_a_value_of_its_own(overlay: str) ->
     values = [v for line in lines if not line.startswith("#") and "=" in line
               for v in line.partition("=")[2].split(",")]  # fmt: skip
     assert len(values) == len(set(values))
+
+
+def test_the_image_seals_and_packs_the_runtime_as_make_install_does() -> None:
+    """Unsealed, sandboxes would see the build host's paths (console scripts, pyvenv.cfg,
+    the bound directory in mountinfo) and pip would try the network."""
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    makefile = (DEPLOY.parent / "Makefile").read_text()
+    assert "scripts/seal-runtime $(RUNTIME)" in makefile
+    steps = dockerfile.split("RUN python3 -m venv .venv", 1)[1].split("\n\n", 1)[0]
+    assert "COPY scripts/seal-runtime ./scripts/seal-runtime" in dockerfile
+    order = [
+        steps.index("-r runtime/requirements.txt"),
+        steps.index("runtime/sb-init.c"),
+        steps.index("python3 scripts/seal-runtime .runtime"),
+        steps.index("test -f .runtime.img"),
+    ]
+    assert order == sorted(order)

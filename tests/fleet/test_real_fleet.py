@@ -66,12 +66,16 @@ class RealFleet:
             self.fronts.append(Server(d, env, ready))
 
     def start(self) -> RealFleet:
-        for n in self.nodes:
-            n.launch()
-        for n in self.nodes:
-            n.wait_ready()
-        for f in self.fronts:
-            f.start()
+        try:
+            for n in self.nodes:
+                n.launch()
+            for n in self.nodes:
+                n.wait_ready()
+            for f in self.fronts:
+                f.start()
+        except BaseException:
+            self.stop()  # what did start is not left running
+            raise
         return self
 
     def stop(self) -> None:

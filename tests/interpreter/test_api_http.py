@@ -269,26 +269,29 @@ def test_upload_refusals_store_nothing(server: Server, alice: Client, anon: http
     assert_error(alice.http.get(f"/api/sessions/{sid}/files/upload"), 400, 1001)
     form = alice.ok("GET", f"/api/sessions/{sid}/files/upload", params={"filename": "a.csv"})
     url, fields = form["url"], form["fields"]
-    assert url == server.url + "/api/uploads"
+    assert url.startswith(server.url + "/api/uploads?")  # the URL is the credential
 
-    def post(fields: dict[str, str], content: bytes = b"x,y\n") -> httpx.Response:
-        return anon.post(url, data=fields, files={"file": ("a.csv", content)})
+    def post(fields: dict[str, str], content: bytes = b"x,y\n", to: str = url) -> httpx.Response:
+        return anon.post(to, data=fields, files={"file": ("a.csv", content)})
 
     other_key = fields["key"].replace("a.csv", "b.csv")
     assert_error(post({**fields, "key": other_key}), 403)
     assert_error(post({**fields, "signature": "0" * 64}), 403)
     assert_error(post({**fields, "policy": fields["policy"][:-4] + "AAAA"}), 403)
-    assert_error(post({}), 400)
+    assert_error(post(fields, to=url.replace("signature=", "signature=0")), 403)
+    assert_error(post(fields, to=server.url + "/api/uploads"), 403)  # no signed URL
     key = f"sessions/{sid}/a.csv"
-    expired = signer(server).upload_form(key, 1000, -10).fields
-    assert "expired" in assert_error(post(expired), 403)
-    small = signer(server).upload_form(key, 10, 60).fields
-    assert_error(post(small, b"0123456789A"), 413)
-    big_declared = anon.post(url, data=small, files={"file": ("a.csv", b"0" * 100_000)})
+    expired = signer(server).upload_form(key, 1000, -10)
+    assert "expired" in assert_error(post(expired.fields, to=expired.url), 403)
+    small = signer(server).upload_form(key, 10, 60)
+    assert_error(post(small.fields, b"0123456789A", to=small.url), 413)
+    big_declared = anon.post(
+        small.url, data=small.fields, files={"file": ("a.csv", b"0" * 100_000)}
+    )
     assert_error(big_declared, 413)
     assert_error(anon.post(url, content=b"x", headers={"Content-Type": "text/plain"}), 400)
     assert alice.ok("GET", f"/api/sessions/{sid}/files") == []
-    assert post(small, b"0123456789").status_code == 204  # at the cap exactly
+    assert post(small.fields, b"0123456789", to=small.url).status_code == 204  # the cap exactly
     assert alice.ok("GET", f"/api/sessions/{sid}/files")[0]["size"] == 10
     alice.ok("DELETE", f"/api/sessions/{sid}")
 

@@ -5,6 +5,8 @@ A failing model's log line and count are tested over fakes in test_time_and_file
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 
 import httpx
 
@@ -67,3 +69,63 @@ def test_json_logs_carry_request_ids_and_no_secret(llm: FakeLLM, machine: None) 
     for secret in secrets_used:
         assert secret not in log, "a secret reached the log"
         assert secret not in metrics, "a secret reached the metrics"
+
+
+# A client's path that, written raw, would end the access line and forge another one (and
+# clear an operator's terminal).
+FORGED = "2024-01-01 00:00:00,000 INFO sandbank.access [0]: GET /admin/sessions 200 1.0 ms"
+HOSTILE_PATHS = [
+    "/api/nothing%0a" + FORGED.replace(" ", "%20"),
+    "/api/nothing%0d%0a" + FORGED.replace(" ", "%20"),
+    "/nothing%1b%5b2J%e2%80%a8" + FORGED.replace(" ", "%20") + "%c2%85x",
+]
+
+
+def _send_raw(port: int, path: str) -> bytes:
+    """The request as a hostile client writes it (httpx would normalise the path)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
+        )
+        return conn.recv(65536)
+
+
+def _after_access_lines(log: Path, count: int) -> str:
+    """The log once it has `count` access lines of 404s (each is written after its answer)."""
+    deadline = time.monotonic() + 10
+    while True:
+        text = log.read_text()
+        if text.count(" 404 ") >= count or time.monotonic() > deadline:
+            return text
+        time.sleep(0.05)
+
+
+def test_control_characters_a_client_puts_in_a_path_never_forge_a_log_line(
+    machine: None,
+) -> None:
+    for log_format in ("text", "json"):
+        env = {"SANDBANK_LOG_LEVEL": "info", "SANDBANK_LOG_FORMAT": log_format}
+        with running(env) as server:
+            for path in HOSTILE_PATHS:
+                assert _send_raw(server.port, path).startswith(b"HTTP/1.1 404")
+            log = _after_access_lines(server.log, len(HOSTILE_PATHS))
+        lines = log.splitlines()
+        assert not any(line.startswith(FORGED) for line in lines), log
+        assert "\x1b" not in log and "\u2028" not in log and "\x85" not in log
+        if log_format == "text":
+            # Every line is a record of its own (a timestamp first), the escapes on its line.
+            assert all(line[:4].isdigit() for line in lines if line.strip()), log
+            assert f"GET /api/nothing\\x0a{FORGED} 404" in log
+            assert f"GET /api/nothing\\x0d\\x0a{FORGED} 404" in log
+            assert f"GET /nothing\\x1b[2J\\u2028{FORGED}\\x85x 404" in log
+        else:
+            records = [json.loads(line) for line in lines if line.strip()]
+            access = [r for r in records if r["logger"] == "sandbank.access"]
+            paths = {r["path"] for r in access if r["status"] == 404 and r["method"] == "GET"}
+            assert paths == {
+                f"/api/nothing\n{FORGED}",
+                f"/api/nothing\r\n{FORGED}",
+                f"/nothing\x1b[2J\u2028{FORGED}\x85x",
+            }

@@ -170,6 +170,35 @@ async def test_an_aged_or_changed_template_is_retired_after_its_sandboxes_end(
             await rt.close()
 
 
+async def test_sessions_forked_apart_in_time_have_different_hash_secrets(machine: None) -> None:
+    """The str-hash secret is fixed at a template's start and shared by its forks: a template
+    is replaced once older than `fork_template_max_age_seconds`, so only sessions forked
+    within that long of each other share it."""
+    probe = PythonCall("print(hash('another session would like to know'))")
+    with data_dir() as d:
+        rt = LocalSandboxes(
+            settings(d, fork_template_max_forks=0, fork_template_max_age_seconds=1.0)
+        )
+        await rt.start()
+        try:
+            template = _template(rt)
+            first = await rt.create("t")
+            sibling = await rt.create("t")
+            first_hash = (await rt.execute(first.id, "t", probe, 10)).stdout
+            assert (await rt.execute(sibling.id, "t", probe, 10)).stdout == first_hash
+            await asyncio.sleep(1.2)
+            await rt.destroy((await rt.create("t")).id, "t")  # the aged template is noticed
+            for _ in range(400):
+                if template.generation == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert template.generation == 2
+            later = await rt.create("t")
+            assert (await rt.execute(later.id, "t", probe, 10)).stdout != first_hash
+        finally:
+            await rt.close()
+
+
 async def test_the_template_is_single_threaded_and_its_memory_is_reported_apart(
     runtime: LocalSandboxes,
 ) -> None:

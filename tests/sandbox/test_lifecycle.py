@@ -102,6 +102,7 @@ async def test_a_restart_cleans_what_a_crashed_run_of_the_same_data_dir_left_onl
             assert _nothing_left(crashed)
             uid = orphan.uid
             crashed.host.uids.release(uid) if crashed.host.uids else None  # the dead server's flock
+            crashed.host.instance_lock.release()  # and its claim on the instance's cgroups
             rt = LocalSandboxes(settings(d))
             await rt.start()
             await rt.close()

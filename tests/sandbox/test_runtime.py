@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sandbank.config import Settings
-from sandbank.errors import AtCapacity, SessionNotFound
+from sandbank.errors import AtCapacity, SessionNotFound, TenantShareReached
 from sandbank.protocol.sessions import SessionSpec
 from sandbank.sandbox import files as transfers
 from sandbank.sandbox.backends.base import RUNTIME
@@ -30,11 +30,11 @@ MakeRuntime = Callable[..., Awaitable[LocalSandboxes]]
 async def make_runtime(module_data: Path, backend_name: str) -> AsyncIterator[MakeRuntime]:
     made: list[LocalSandboxes] = []
 
-    async def make(**overrides: Any) -> LocalSandboxes:
+    async def make(tenants: int = 1, **overrides: Any) -> LocalSandboxes:
         config = settings(
             module_data / f"rt{len(made)}", isolation=isolation_of(backend_name), **overrides
         )
-        rt = LocalSandboxes(config, BACKENDS[backend_name](config))
+        rt = LocalSandboxes(config, BACKENDS[backend_name](config), tenants=tenants)
         await rt.start()
         made.append(rt)
         return rt
@@ -89,6 +89,76 @@ async def test_busy_sessions_of_the_greedy_tenant_mean_a_refusal_not_anothers_lo
         rt.session(other.id, "b")
     finally:
         for s in greedy:
+            s.lock.release()
+
+
+async def _busy(rt: LocalSandboxes, tenant: str) -> list[Any]:
+    """A call in progress on each of the tenant's sessions (their locks held)."""
+    held = [s for s in rt.sessions() if s.tenant == tenant]
+    for s in held:
+        await s.lock.acquire()
+    return held
+
+
+async def test_with_several_tenants_one_keeping_every_session_busy_leaves_room_for_others(
+    make_runtime: MakeRuntime,
+) -> None:
+    rt = await make_runtime(tenants=2, max_sessions=8)
+    for _ in range(6):
+        await rt.create("a")
+    held = await _busy(rt, "a")
+    try:
+        with pytest.raises(TenantShareReached) as refused:
+            await rt.create("a")
+        assert "the most it may hold (6: three quarters of the server's 8)" in str(refused.value)
+        assert "all busy" in str(refused.value)
+        await rt.create("b")
+        await rt.create("b")
+        assert (alive(rt, "a"), alive(rt, "b")) == (6, 2)
+    finally:
+        for s in held:
+            s.lock.release()
+
+
+async def test_while_a_tenant_waits_the_others_at_their_share_get_no_more(
+    make_runtime: MakeRuntime,
+) -> None:
+    rt = await make_runtime(max_sessions=4)
+    for _ in range(4):
+        await rt.create("a")
+    held = await _busy(rt, "a")
+    try:
+        with pytest.raises(AtCapacity) as full:
+            await rt.create("b")  # b now waits
+        assert "all 4 sessions of this server are busy" in str(full.value)
+        await rt.destroy(held[0].id, "a")  # room for one
+        with pytest.raises(TenantShareReached) as share:
+            await rt.create("a")  # a holds 3, over its share (2) while b waits
+        assert "fair share of the server's 4 while other clients wait" in str(share.value)
+        await rt.create("b")  # what freed up went to b
+        assert (alive(rt, "a"), alive(rt, "b")) == (3, 1)
+    finally:
+        for s in held:
+            s.lock.release()
+
+
+async def test_a_tenant_named_in_tenant_max_sessions_has_its_own_limit(
+    make_runtime: MakeRuntime,
+) -> None:
+    big, small = "abcdef0123456789abcdef01", "0123456789abcdef01234567"
+    rt = await make_runtime(tenants=2, max_sessions=8, tenant_max_sessions="abcdef01=8")
+    for _ in range(8):
+        await rt.create(big)
+    assert alive(rt, big) == 8  # past the default three quarters
+    held = await _busy(rt, big)
+    try:
+        with pytest.raises(TenantShareReached) as refused:
+            await rt.create(big)
+        assert "(8: SANDBANK_TENANT_MAX_SESSIONS)" in str(refused.value)
+        with pytest.raises(AtCapacity):
+            await rt.create(small)
+    finally:
+        for s in held:
             s.lock.release()
 
 

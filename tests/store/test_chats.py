@@ -159,3 +159,19 @@ async def test_a_chat_is_titled_by_its_first_question_until_its_user_names_it(st
     assert (await store.chats.get(sid)).title == "x" * 200  # type: ignore[union-attr]
     with pytest.raises(SessionNotFound):
         await store.chats.rename("00000000-0000-0000-0000-000000000000", "x")
+
+
+async def test_chats_created_at_once_never_pass_the_users_limit(store: Store) -> None:
+    user = await store.accounts.create_user("alice")
+    made: list[object] = []
+
+    async def create() -> None:
+        made.append(await store.chats.create_within(user.id, 60, 5))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(20):
+            tg.start_soon(create)
+    assert sum(1 for chat in made if chat is not None) == 5
+    assert await store.chats.count(user.id) == 5
+    with pytest.raises(NotFound):
+        await store.chats.create_within("no-such-user", 60, 5)

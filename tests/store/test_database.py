@@ -40,7 +40,7 @@ async def test_reopening_keeps_data_and_reapplies_no_migration(
     with engine.connect() as conn:
         versions = conn.execute(sa.text("SELECT version_num FROM alembic_version")).all()
     engine.dispose()
-    assert [v[0] for v in versions] == ["0004"]
+    assert [v[0] for v in versions] == ["0005"]
 
 
 async def test_the_default_database_is_sqlite_in_the_data_dir(tmp_path: Path) -> None:
@@ -145,7 +145,7 @@ def test_replicas_starting_together_migrate_once(postgres_server: str) -> None:
         conninfo = url.replace("postgresql+psycopg://", "postgresql://")
         with psycopg.connect(conninfo) as conn:
             versions = conn.execute("SELECT version_num FROM alembic_version").fetchall()
-            assert versions == [("0004",)]
+            assert versions == [("0005",)]
     finally:
         for db in opened:
             db.engines.dispose()

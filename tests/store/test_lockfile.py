@@ -13,7 +13,7 @@ HOLD = """
 import sys, time
 from pathlib import Path
 from sandbank.store.lockfile import ServeLock
-assert ServeLock(Path(sys.argv[1])).acquire() is None
+assert ServeLock.of_database(Path(sys.argv[1])).acquire() is None
 print("held", flush=True)
 time.sleep(60)
 """
@@ -26,7 +26,7 @@ def test_a_second_process_is_told_who_holds_the_database(tmp_path: Path) -> None
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        other = ServeLock(database).acquire()
+        other = ServeLock.of_database(database).acquire()
         assert other is not None and f"process {holder.pid} on " in other
         assert "serving since" in other
     finally:
@@ -34,7 +34,7 @@ def test_a_second_process_is_told_who_holds_the_database(tmp_path: Path) -> None
         holder.wait(timeout=10)
         if holder.stdout is not None:
             holder.stdout.close()
-    lock = ServeLock(database)  # the kernel dropped the dead holder's lock
+    lock = ServeLock.of_database(database)  # the kernel dropped the dead holder's lock
     assert lock.acquire() is None
     assert f'"pid": {os.getpid()}' in lock.path.read_text()
     lock.release()

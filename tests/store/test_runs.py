@@ -53,6 +53,27 @@ async def test_only_one_of_concurrent_starts_wins(store: Store) -> None:
         await started(store, "missing")
 
 
+async def test_questions_posted_at_once_to_many_chats_never_pass_the_run_limits(
+    store: Store,
+) -> None:
+    chats = [await new_chat(store) for _ in range(8)] + [await new_chat(store, "bob")]
+    outcomes: list[str] = []
+
+    async def post(sid: str) -> None:
+        outcome = await store.runs.start(
+            sid, "why?", max_per_user=2, max_total=3, owner=None, lease_seconds=LEASE
+        )
+        outcomes.append(outcome if isinstance(outcome, str) else "started")
+
+    async with anyio.create_task_group() as tg:
+        for sid in chats:
+            tg.start_soon(post, sid)
+    assert outcomes.count("started") <= 3
+    pending = [c for c in chats if (await store.chats.get(c)).status == "PENDING"]  # type: ignore[union-attr]
+    alice = [c for c in pending if c != chats[-1]]
+    assert len(alice) == 2 and len(pending) == outcomes.count("started")
+
+
 async def test_refused_questions_store_nothing(store: Store) -> None:
     alice_1, alice_2, bob = [await new_chat(store, n) for n in ("alice", "alice", "bob")]
     await started(store, alice_1)

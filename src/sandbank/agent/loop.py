@@ -214,12 +214,14 @@ async def run_turn(
     sandbox_recreated: bool = False,
     cancel: anyio.Event | None = None,
     inspect_root: str = WORKSPACE,
+    network: str = "none",
 ) -> TurnResult:
     """Answer `question` (already stored by the caller) by working in the sandbox.
 
     Records every step through `recorder` as it happens and returns how the run ended; a
     limit, a model failure or a sandbox failure ends it as `error` with a `SandbankError`
-    naming the cause. Setting `cancel` stops the run where it is (awaits are abandoned, the
+    naming the cause; `network` is what the sandbox may reach (its egress policy, told to the
+    model). Setting `cancel` stops the run where it is (awaits are abandoned, the
     sandbox is not interrupted by the loop) and ends it as `cancelled`.
     """
     limits = limits or RunLimits()
@@ -237,6 +239,7 @@ async def run_turn(
                     inspect_root=inspect_root,
                     answer_format=limits.answer_format,
                     libraries=limits.libraries,
+                    network=network,
                 )
                 earlier = replay(
                     history,

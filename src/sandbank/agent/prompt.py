@@ -20,7 +20,8 @@ Environment:
 - The user's files are in {workspace}, the working directory.
 - `code_execution` runs Python in a persistent interpreter: variables and imports survive \
 between calls. `bash` runs shell commands. `str_replace_based_edit_tool` views and edits files.
-- {libraries} There is no internet access and nothing else can be installed.
+- {libraries} Nothing else can be installed.
+- Network: {network}
 {charts}
 
 How to work: look at the data before relying on it; compute rather than guess; when code \
@@ -30,6 +31,20 @@ Answer concisely in Markdown, with tables where they help. Every figure you stat
 from code you ran.
 {recreated}
 {files}"""
+
+NO_NETWORK = "none: there is no internet access."
+SOME_NETWORK = (
+    "HTTP and HTTPS only, through a filtering proxy (libraries that honour HTTP_PROXY and "
+    "HTTPS_PROXY use it), and only to {entries} (HOST:PORT); any other address is refused."
+)
+
+
+def describe_network(policy: str) -> str:
+    """The sandbox's egress policy (`NetworkPolicy` as text: `none` or its entries) in words."""
+    if policy.strip().lower() in ("", "none"):
+        return NO_NETWORK
+    return SOME_NETWORK.format(entries=policy)
+
 
 AnswerFormat = Literal["markdown", "tags"]
 # How the answer names the files it shows (SANDBANK_AGENT_ANSWER_FORMAT).
@@ -147,10 +162,12 @@ async def build_system_prompt(
     inspect_root: str = WORKSPACE,
     answer_format: AnswerFormat = "markdown",
     libraries: str = "",
+    network: str = "none",
 ) -> str:
     """The system prompt for one run; `inspect_root` is where the snippet looks (tests move it).
 
-    `libraries` names the runtime image's packages, from the image's own list (RunLimits).
+    `libraries` names the runtime image's packages, from the image's own list (RunLimits);
+    `network` is the sandbox's egress policy (`none`, or its entries).
     """
     files = await describe_files(workbench, timeout_s=timeout_s, inspect_root=inspect_root)
     recreated = _RECREATED.format(workspace=WORKSPACE) if sandbox_recreated else ""
@@ -161,6 +178,7 @@ async def build_system_prompt(
             if libraries
             else "`pip list` shows the installed Python packages."
         ),
+        network=describe_network(network),
         charts=_CHARTS[answer_format].format(workspace=WORKSPACE),
         recreated=recreated,
         files=files,

@@ -11,9 +11,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..config import Settings
-from ..errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from ..errors import BadRequest, UnsupportedMediaType
 from ..http.auth import TokenAuth
-from ..http.bodies import json_body
+from ..http.bodies import capped, check_declared, json_body
 from ..http.multipart import FormStream, is_multipart
 from ..http.responses import SSE_HEADERS, sse, untrusted_file_headers
 from ..http.routing import grouped_routes
@@ -23,6 +23,8 @@ from ..protocol.calls import Display, Done, Event, Output
 from ..protocol.sessions import SESSION_NAME_HEADER, FormPart
 from ..sandbox.port import Sandboxes
 from .beside import BesideApi
+
+MULTIPART_SLACK = 64 * 1024  # boundaries and the `path` field beside the file
 
 
 class ExecApi:
@@ -114,13 +116,12 @@ class ExecApi:
         session_id, tenant = self._caller(request)
         await self.sandboxes.get(session_id, tenant)  # 404 before reading a large body
         cap = self.settings.put_file_max_bytes
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > cap + 64 * 1024:
-            raise PayloadTooLarge(f"the file is larger than the cap of {cap} bytes")
+        body_cap = cap + MULTIPART_SLACK
+        check_declared(request, body_cap, "the file")
         content_type = request.headers.get("content-type")
         if not is_multipart(content_type):
             raise UnsupportedMediaType("PutFile takes multipart/form-data with a `file` part")
-        form = FormStream(content_type, request.stream())
+        form = FormStream(content_type, capped(request.stream(), body_cap, "the file"))
         entry = await self.sandboxes.upload(session_id, tenant, _parts(form), cap)
         return JSONResponse(codec.encode_file(entry), status_code=201)
 

@@ -7,14 +7,14 @@ import errno
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterator
 from pathlib import Path
 from stat import S_ISREG
 from typing import BinaryIO
 
 import anyio.to_thread
 
-from sandbank.errors import NotFound, PathEscape, PayloadTooLarge
+from sandbank.errors import NotFound, PathEscape, PayloadTooLarge, StorageFull
 from sandbank.files.base import CHUNK_SIZE, check_key
 from sandbank.files.signing import SignedUrls, UrlSigner
 
@@ -53,7 +53,8 @@ class LocalObjectStore(SignedUrls):
     # --- ObjectStore ---------------------------------------------------------------------------
     async def put(self, key: str, source: BinaryIO | Path, size: int | None = None) -> None:
         check_key(key)  # refuse a bad key before doing any work
-        await anyio.to_thread.run_sync(self._put_sync, key, source)
+        with _full_is_storage_full():
+            await anyio.to_thread.run_sync(self._put_sync, key, source)
 
     def _put_sync(self, key: str, source: BinaryIO | Path) -> None:
         fd, temp = self._temp()
@@ -132,7 +133,8 @@ class LocalObjectStore(SignedUrls):
 
     async def receive_upload(self, key: str, chunks: AsyncIterable[bytes], max_size: int) -> int:
         check_key(key)
-        fd, temp = await anyio.to_thread.run_sync(self._temp)
+        with _full_is_storage_full():
+            fd, temp = await anyio.to_thread.run_sync(self._temp)
         try:
             received = 0
             with os.fdopen(fd, "wb") as out:
@@ -140,13 +142,28 @@ class LocalObjectStore(SignedUrls):
                     received += len(chunk)
                     if received > max_size:
                         raise PayloadTooLarge(f"upload exceeds {max_size} bytes")
-                    await anyio.to_thread.run_sync(out.write, chunk)
-            await anyio.to_thread.run_sync(self._commit, temp, key)
+                    with _full_is_storage_full():
+                        await anyio.to_thread.run_sync(out.write, chunk)
+            with _full_is_storage_full():
+                await anyio.to_thread.run_sync(self._commit, temp, key)
             return received
         finally:
             # Shielded: a client that hangs up mid-upload still leaves no partial file.
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(lambda: temp.unlink(missing_ok=True))
+
+
+@contextlib.contextmanager
+def _full_is_storage_full() -> Iterator[None]:
+    """A full file system (or quota) is the server's storage being full: a clear 507."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StorageFull(
+                "the server's storage is full: the file was not stored; retry later"
+            ) from None
+        raise
 
 
 async def _read_chunks(file: BinaryIO) -> AsyncIterator[bytes]:

@@ -74,7 +74,11 @@ class UrlSigner:
         policy = {"key": key, "expires": int(time.time()) + expires_s, "max_size": max_size}
         encoded = base64.urlsafe_b64encode(json.dumps(policy).encode()).decode()
         fields = {"key": key, "policy": encoded, "signature": self._sign("upload", encoded)}
-        return PresignedPost(url=self._base_url + UPLOAD_PATH, fields=fields)
+        # The signed fields ride in the URL too: the server checks them before it reads a
+        # byte of the body (in the body, as S3 has them, they could only be read after it).
+        return PresignedPost(
+            url=f"{self._base_url}{UPLOAD_PATH}?{urlencode(fields)}", fields=fields
+        )
 
     def verify_upload(self, fields: Mapping[str, str]) -> tuple[str, int]:
         key, encoded, signature = _required(fields, "key", "policy", "signature")

@@ -80,13 +80,12 @@ class AccessMiddleware:
             self.metrics.http_requests.labels(route, method, str(status)).inc()
             self.metrics.http_bytes.labels(route, "in").inc(received)
             self.metrics.http_bytes.labels(route, "out").inc(sent)
-            # The path without its query: presigned URLs carry signatures there.
-            log.info(
-                "%s %s %d %.1f ms",
-                method,
-                scope["path"],
-                status,
-                (time.monotonic() - started) * 1000,
-            )
+            # The path without its query: presigned URLs carry signatures there. The path is
+            # the client's: text logs escape its control characters, JSON logs have it as a
+            # field of its own (logs.py).
+            path = str(scope["path"])
+            ms = (time.monotonic() - started) * 1000
+            fields = {"method": method, "path": path, "status": status, "duration_ms": round(ms, 1)}
+            log.info("%s %s %d %.1f ms", method, path, status, ms, extra={"fields": fields})
             session_id.reset(session_token)
             request_id.reset(token)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
@@ -16,6 +17,26 @@ MAX_JSON_BODY = 16 * 1024 * 1024
 def is_json(content_type: str | None) -> bool:
     media = (content_type or "").split(";")[0].strip().lower()
     return media == "application/json" or media.endswith("+json")
+
+
+def check_declared(request: Request, cap: int, what: str = "the request body") -> None:
+    """`PayloadTooLarge` before reading when the declared Content-Length is over `cap`."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise PayloadTooLarge(f"{what} is larger than {cap} bytes")
+
+
+async def capped(
+    chunks: AsyncIterator[bytes], cap: int, what: str = "the request body"
+) -> AsyncIterator[bytes]:
+    """The chunks of a body, `PayloadTooLarge` once they pass `cap` bytes (whatever was
+    declared: a chunked body declares nothing)."""
+    total = 0
+    async for chunk in chunks:
+        total += len(chunk)
+        if total > cap:
+            raise PayloadTooLarge(f"{what} is larger than {cap} bytes")
+        yield chunk
 
 
 async def read_body(

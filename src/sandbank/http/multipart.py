@@ -1,7 +1,9 @@
-"""The one multipart/form-data reader of both APIs: parts streamed as they arrive, fields bounded.
+"""The one multipart/form-data reader of both APIs: parts streamed as they arrive, bounded.
 
 Routes use it to turn a request into plain values and byte streams for the services: nothing
-is held in memory but a field's text, and a malformed body is a `BadRequest`.
+is held in memory but a field's text, and a malformed body is a `BadRequest`. A form has at
+most `max_parts` parts, each with at most `MAX_PART_HEAD` bytes of headers, counted as the
+parser meets them (a flood of tiny fields is refused at the first one too many).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from ..errors import BadRequest, UnsupportedMediaType
 from ..streams import gather
 
 MAX_FIELD = 8192
+MAX_PARTS = 16  # the largest form either API takes has four (an upload's three signed fields)
+MAX_PART_HEAD = 8192  # a part's headers: its name, file name and content type
 
 
 @dataclass(frozen=True)
@@ -38,11 +42,16 @@ def is_multipart(content_type: str | None) -> bool:
 class FormStream:
     """Iterates a form's parts, each with an iterator of its bytes (read it or it is skipped)."""
 
-    def __init__(self, content_type: str | None, chunks: Chunks) -> None:
+    def __init__(
+        self, content_type: str | None, chunks: Chunks, max_parts: int = MAX_PARTS
+    ) -> None:
         ctype, params = parse_options_header(content_type)
         if ctype != b"multipart/form-data" or b"boundary" not in params:
             raise UnsupportedMediaType("the body must be multipart/form-data")
         self._chunks = chunks
+        self._max_parts = max_parts
+        self._parts = 0
+        self._head_bytes = 0
         self._events: deque[tuple[Any, ...]] = deque()
         self._headers: dict[str, bytes] = {}
         self._hname = self._hvalue = b""
@@ -61,13 +70,25 @@ class FormStream:
         )
 
     # --- the parser's callbacks queue events ------------------------------------------------
+    # Raising here stops the parser in the middle of the chunk: nothing more is queued.
     def _part_begin(self) -> None:
         self._headers = {}
+        self._head_bytes = 0
+        self._parts += 1
+        if self._parts > self._max_parts:
+            raise BadRequest(f"the form has more than {self._max_parts} parts")
+
+    def _count_head(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > MAX_PART_HEAD:
+            raise BadRequest(f"a form part's headers are larger than {MAX_PART_HEAD} bytes")
 
     def _header_field(self, data: bytes, start: int, end: int) -> None:
+        self._count_head(end - start)
         self._hname += data[start:end]
 
     def _header_value(self, data: bytes, start: int, end: int) -> None:
+        self._count_head(end - start)
         self._hvalue += data[start:end]
 
     def _header_end(self) -> None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+from sandbank.errors import AtCapacity, TooManyStreams
 from sandbank.store import ChatSession, Message, Store
 
 POLL_S = 0.4  # how often a stream reads the store when nothing here woke it
@@ -74,6 +75,42 @@ class SessionEvents:
         for listeners in self._listeners.values():
             for listener in listeners:
                 listener.wake.set()
+
+
+class StreamSlots:
+    """The event streams open on this replica: each reads the store while its run goes, so
+    there are at most `total`, and `per_user` of one user (their release is idempotent)."""
+
+    def __init__(self, total: int, per_user: int) -> None:
+        self.total = total
+        self.per_user = per_user
+        self.open: dict[str, int] = {}
+
+    def take(self, user_id: str) -> Callable[[], None]:
+        mine = self.open.get(user_id, 0)
+        if mine >= self.per_user:
+            raise TooManyStreams(
+                f"you have {mine} event streams open, the most allowed "
+                "(SANDBANK_MAX_EVENT_STREAMS_PER_USER): close one first"
+            )
+        if sum(self.open.values()) >= self.total:
+            raise AtCapacity(
+                f"the server has {self.total} event streams open, its most "
+                "(SANDBANK_MAX_EVENT_STREAMS): retry shortly, or poll the session",
+                retry_after=5,
+            )
+        self.open[user_id] = mine + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.open[user_id] -= 1
+                if not self.open[user_id]:
+                    del self.open[user_id]
+
+        return release
 
 
 @dataclass(frozen=True)

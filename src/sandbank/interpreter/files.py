@@ -1,11 +1,22 @@
-"""A session's files: presigned transfers, the local upload/download endpoints, quotas, records."""
+"""A session's files: presigned transfers, the local upload/download endpoints, quotas, records.
+
+The storage quota is a reservation taken before any byte is written (`Reservation`): counted
+with the user's files and every other file on its way in, in one transaction of the store,
+grown as the bytes arrive, committed as the file's record or released. Concurrent uploads
+(and files a run saves meanwhile) can never store more than the quota together.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
+
+import anyio
 
 from sandbank.config import MiB, Settings
 from sandbank.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge, QuotaExceeded
@@ -16,6 +27,8 @@ from sandbank.store import FileRecord, Origin, Store
 SIGNED_FIELDS = ("key", "policy", "signature")
 MAX_FIELD = 8192
 MULTIPART_SLACK = 64 * 1024  # boundaries and fields beside the file, in a declared length
+RESERVE_STEP = 1 * MiB  # a reservation grows by at least this much at a time
+RESERVATION_SECONDS = 600.0  # a reservation its server stopped renewing stops counting then
 # What a metric counts: an upload recorded, a file a run produced, a download URL handed out.
 FileOp = Literal["upload", "produced", "download"]
 FormParts = AsyncIterator[tuple[str, str | None, AsyncIterator[bytes]]]
@@ -28,6 +41,74 @@ def session_of_key(key: str) -> tuple[str, str]:
     if prefix != "sessions" or not sid or not filename:
         raise Forbidden("the upload key is not a session's file")
     return sid, filename
+
+
+@dataclass(frozen=True)
+class UploadGrant:
+    """What a presigned upload URL allows: one file of a session, up to `max_size` bytes."""
+
+    key: str
+    max_size: int
+    fields: Mapping[str, str]
+
+    @property
+    def session_id(self) -> str:
+        return session_of_key(self.key)[0]
+
+    @property
+    def filename(self) -> str:
+        return session_of_key(self.key)[1]
+
+
+class Reservation:
+    """Storage reserved for one file on its way in; `ensure` grows it as bytes arrive."""
+
+    def __init__(self, files: SessionFiles, session_id: str, filename: str, cap: int) -> None:
+        self.files = files
+        self.id = "r" + secrets.token_hex(12)
+        self.session_id = session_id
+        self.filename = filename
+        self.cap = cap  # the file can never be larger: the reservation never grows past it
+        self.size = 0
+        self.done = False
+
+    async def ensure(self, total: int) -> None:
+        """Room for `total` bytes, or `QuotaExceeded` (the reservation stays as it was)."""
+        if total <= self.size:
+            return
+        want = max(total, min(self.size + RESERVE_STEP, self.cap))
+        quota = self.files.settings.max_stored_bytes_per_user
+        expires = time.time() + RESERVATION_SECONDS
+        records = self.files.store.file_records
+        if not await records.reserve(self.id, self.session_id, self.filename, want, quota, expires):
+            raise QuotaExceeded(
+                f"your files would pass the {quota} bytes you may store; delete sessions to "
+                "make room"
+            )
+        self.size = want
+
+    async def metered(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """The chunks, each one reserved before it is handed on."""
+        total = 0
+        async for chunk in chunks:
+            total += len(chunk)
+            await self.ensure(total)
+            yield chunk
+
+    async def commit(self, size: int, origin: Origin) -> FileRecord:
+        record = await self.files.store.file_records.commit(
+            self.id, self.session_id, self.filename, size, origin
+        )
+        self.done = True
+        if self.files.on_file is not None:
+            self.files.on_file("upload" if origin == "user" else "produced", size)
+        return record
+
+    async def release(self) -> None:
+        if not self.done:
+            self.done = True
+            with anyio.CancelScope(shield=True):
+                await self.files.store.file_records.release(self.id)
 
 
 @dataclass
@@ -63,6 +144,18 @@ class SessionFiles:
         used = await self.store.file_records.stored_bytes(user_id)
         return self.settings.max_stored_bytes_per_user - used
 
+    @contextlib.asynccontextmanager
+    async def reserving(
+        self, session_id: str, filename: str, first: int, cap: int
+    ) -> AsyncIterator[Reservation]:
+        """A reservation of `first` bytes (growing up to `cap`), released unless committed."""
+        reservation = Reservation(self, session_id, filename, cap)
+        try:
+            await reservation.ensure(min(first, cap))
+            yield reservation
+        finally:
+            await reservation.release()
+
     async def upload_form(self, user_id: str, session_id: str, filename: str) -> PresignedPost:
         remaining = await self.remaining_quota(user_id)
         existing = await self.store.file_records.get(session_id, filename)
@@ -74,9 +167,21 @@ class SessionFiles:
                 "you may store; delete sessions to make room"
             )
         expiry = self.settings.presigned_url_expiry_seconds
-        form = await self.objects.presign_post(
-            object_key(session_id, filename), min(self.upload_cap, remaining), expiry
-        )
+        max_size = min(self.upload_cap, remaining)
+        if self.receiver is None:
+            # The object store takes the bytes straight from the client: the form's whole
+            # size is reserved until the object is seen or the form expires.
+            quota = self.settings.max_stored_bytes_per_user
+            reserved = await self.store.file_records.reserve(
+                _form_reservation(session_id, filename), session_id, filename, max_size,
+                quota, time.time() + expiry + RESERVATION_SECONDS,
+            )  # fmt: skip
+            if not reserved:
+                raise QuotaExceeded(
+                    f"your files and uploads under way use the {quota} bytes you may store; "
+                    "wait for them or delete sessions to make room"
+                )
+        form = await self.objects.presign_post(object_key(session_id, filename), max_size, expiry)
         if self.receiver is None:
             await self.store.file_records.note_upload(session_id, filename, time.time() + expiry)
         return form
@@ -89,10 +194,14 @@ class SessionFiles:
         records = self.store.file_records
         for filename, expires in (await records.pending_uploads(session_id)).items():
             size = await self.objects.size(object_key(session_id, filename))
+            reservation = _form_reservation(session_id, filename)
             if size is not None:
-                await self.record(session_id, filename, size, "user")
+                await records.commit(reservation, session_id, filename, size, "user")
+                if self.on_file is not None:
+                    self.on_file("upload", size)
             if expires < now:
                 await records.drop_upload(session_id, filename)  # no upload can start now
+                await records.release(reservation)
 
     async def record(self, session_id: str, filename: str, size: int, origin: Origin) -> FileRecord:
         """Record a file stored in the object store: an upload, or a file a run produced."""
@@ -135,29 +244,55 @@ class SessionFiles:
             raise NotFound("uploads go to the object store directly here")
         return receiver
 
-    async def receive(self, parts: FormParts, declared: int | None) -> None:
-        """A presigned POST form: the signed fields, then the `file` part, stored whole or not."""
+    def authorize_upload(self, query: Mapping[str, str]) -> UploadGrant:
+        """What the upload URL's signature allows, checked before any byte of the body."""
         receiver = self._local()
-        fields: dict[str, str] = {}
+        if not all(query.get(name) for name in SIGNED_FIELDS):
+            raise Forbidden(
+                "this upload URL is not signed: post to the `url` of a form from "
+                "GET /api/sessions/{session_id}/files/upload"
+            )
+        key, max_size = receiver.verify_upload(query)
+        session_of_key(key)
+        return UploadGrant(key, max_size, {name: query[name] for name in SIGNED_FIELDS})
+
+    def upload_body_cap(self, grant: UploadGrant) -> int:
+        return grant.max_size + MULTIPART_SLACK
+
+    async def receive(self, grant: UploadGrant, parts: FormParts, declared: int | None) -> None:
+        """The form's fields (the signed ones must be the URL's), then the `file` part,
+        stored whole within the storage quota, or not at all."""
+        receiver = self._local()
+        if declared is not None and declared > self.upload_body_cap(grant):
+            raise PayloadTooLarge(
+                f"the file is larger than the form allows ({grant.max_size} bytes)"
+            )
+        session_id, filename = grant.session_id, grant.filename
         async for name, _filename, chunks in parts:
             if name != "file":
-                fields[name] = await read_field(name, chunks, MAX_FIELD)
+                value = await read_field(name, chunks, MAX_FIELD)
+                if name in SIGNED_FIELDS and value != grant.fields[name]:
+                    raise Forbidden("the form's signed fields are not those of its URL")
                 continue
-            # As with S3, the signed fields come first, so nothing is stored before checking.
-            key, max_size = receiver.verify_upload(fields)
-            if declared is not None and declared > max_size + MULTIPART_SLACK:
-                raise PayloadTooLarge(f"the file is larger than the form allows ({max_size} bytes)")
-            session_id, filename = session_of_key(key)
             if await self.store.chats.get(session_id) is None:
                 raise NotFound("the session of this upload no longer exists")
-            size = await receiver.receive_upload(key, chunks, max_size)
-            if await self.store.chats.get(session_id) is None:
-                await self.objects.delete(key)  # deleted while uploading
-                raise NotFound("the session of this upload no longer exists")
-            await self.record(session_id, filename, size, "user")
+            first = min(declared or 0, grant.max_size)
+            async with self.reserving(session_id, filename, first, grant.max_size) as reserved:
+                size = await receiver.receive_upload(
+                    grant.key, reserved.metered(chunks), grant.max_size
+                )
+                if await self.store.chats.get(session_id) is None:
+                    await self.objects.delete(grant.key)  # deleted while uploading
+                    raise NotFound("the session of this upload no longer exists")
+                await reserved.commit(size, "user")
             return
         raise BadRequest("the form has no `file` part")
 
     async def download(self, query: Mapping[str, str]) -> Download:
         key, filename = self._local().verify_download(query)
         return Download(await self.objects.open(key), filename)
+
+
+def _form_reservation(session_id: str, filename: str) -> str:
+    """The id of what an S3 upload form reserves (one per file a form is out for)."""
+    return "form/" + hashlib.sha256(f"{session_id}/{filename}".encode()).hexdigest()[:40]

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from sandbank.errors import BadRequest
 from sandbank.files import content_type
-from sandbank.http.bodies import read_body
+from sandbank.http.bodies import capped, check_declared, read_body
 from sandbank.http.multipart import FormStream, is_multipart
 from sandbank.http.responses import SSE_HEADERS, untrusted_file_headers
 from sandbank.http.routing import grouped_routes
@@ -123,9 +125,10 @@ class InterpreterApi:
     async def session_events(self, request: Request) -> Response:
         service, user, sid = await self._in_session(request)
         raw = request.query_params.get("from", request.headers.get("last-event-id"))
-        events = await service.events(user, sid, schemas.after(raw))
-        return StreamingResponse(
+        events, release = await service.events(user, sid, schemas.after(raw))
+        return ReleasingStream(
             (schemas.event_out(e) async for e in events),
+            release,
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
@@ -153,15 +156,19 @@ class InterpreterApi:
         return JSONResponse({"url": await service.download_url(user, sid, filename)})
 
     async def receive_upload(self, request: Request) -> Response:
-        """The presigned form's target (local store): its signature is the credential."""
-        service = await self._service()
+        """The presigned form's target (local store): its signed URL is the credential,
+        checked before a byte of the body is read; the body is capped by what it allows."""
+        files = (await self._service()).files
+        grant = files.authorize_upload(request.query_params)
+        cap = files.upload_body_cap(grant)
+        check_declared(request, cap, "the upload")
         content_type = request.headers.get("content-type")
         if not is_multipart(content_type):
             raise BadRequest("uploads are multipart/form-data: the form's fields, then `file`")
-        form = FormStream(content_type, request.stream())
+        form = FormStream(content_type, capped(request.stream(), cap, "the upload"))
         parts = ((p.name, p.filename, chunks) async for p, chunks in form.parts())
         declared = request.headers.get("content-length", "")
-        await service.files.receive(parts, int(declared) if declared.isdigit() else None)
+        await files.receive(grant, parts, int(declared) if declared.isdigit() else None)
         return Response(status_code=204)
 
     async def serve_download(self, request: Request) -> Response:
@@ -175,3 +182,18 @@ class InterpreterApi:
 
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(openapi.document())
+
+
+class ReleasingStream(StreamingResponse):
+    """A streamed response that gives back what it holds once sent, or abandoned before a
+    byte of it was (a client gone before its stream started)."""
+
+    def __init__(self, content: Any, release: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()

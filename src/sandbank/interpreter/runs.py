@@ -38,6 +38,7 @@ from sandbank.errors import (
     NotFound,
     PayloadTooLarge,
     QuotaError,
+    QuotaExceeded,
     RunInProgress,
     SandbankError,
     SessionNotFound,
@@ -80,6 +81,7 @@ class Lease:
     sandbox_id: str
     owner: str
     placed: dict[str, float] = field(default_factory=dict)  # filename → record.updated_at
+    network: str | None = None  # its egress policy, when this replica made it
 
 
 @dataclass
@@ -385,6 +387,7 @@ class Runs:
                 limits=self.limits,
                 sandbox_recreated=recreated,
                 cancel=cancel,
+                network=lease.network or self.settings.egress_allow,
             )
             steps = result.steps
             if isinstance(result.error, LeaseLost):
@@ -470,7 +473,8 @@ class Runs:
                 return lease, False
         # Earlier turns ran in a sandbox that is gone: its variables are lost.
         recreated = lease is not None or had_history
-        lease = Lease((await self.sandboxes.create(owner)).id, owner)
+        made = await self.sandboxes.create(owner)
+        lease = Lease(made.id, owner, network=str(made.network))
         self.leases[sid] = lease
         await self.store.chats.note_sandbox(sid, self.replica, lease.sandbox_id)
         return lease, recreated
@@ -543,20 +547,21 @@ class Runs:
 
     async def _save(self, run: Run, owner: str, lease: Lease, entry: FileEntry) -> None:
         name = validate_stored_name(entry.path)
-        remaining = await self.files.remaining_quota(run.user_id)
-        existing = await self.store.file_records.get(run.session_id, name)
-        if existing is not None:
-            remaining += existing.size
-        cap = min(self.settings.put_file_max_bytes, remaining)
+        cap = self.settings.put_file_max_bytes
         if entry.size_bytes > cap:
-            raise QuotaError(
-                "larger than the file size limit"
-                if cap == self.settings.put_file_max_bytes
-                else "storage quota reached"
-            )
-        with tempfile.TemporaryFile() as tmp:
-            size = await copy_out(self.sandboxes, lease.sandbox_id, owner, entry.path, tmp, cap)
-            await anyio.to_thread.run_sync(tmp.seek, 0)
-            await self.files.objects.put(object_key(run.session_id, name), tmp, size)
-        record = await self.files.record(run.session_id, name, size, "assistant")
+            raise QuotaError("larger than the file size limit")
+        try:
+            # Reserved before it is copied: files saved at once (this run's, other runs', a
+            # user's uploads) never pass the storage quota together.
+            async with self.files.reserving(run.session_id, name, entry.size_bytes, cap) as room:
+                with tempfile.TemporaryFile() as tmp:
+                    size = await copy_out(
+                        self.sandboxes, lease.sandbox_id, owner, entry.path, tmp, cap
+                    )
+                    await room.ensure(size)  # it may have grown since it was listed
+                    await anyio.to_thread.run_sync(tmp.seek, 0)
+                    await self.files.objects.put(object_key(run.session_id, name), tmp, size)
+                record = await room.commit(size, "assistant")
+        except QuotaExceeded:
+            raise QuotaError("storage quota reached") from None
         lease.placed[name] = record.updated_at

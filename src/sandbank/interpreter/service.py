@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from sandbank.config import Settings
 from sandbank.errors import (
@@ -17,7 +17,7 @@ from sandbank.errors import (
     SessionNotFound,
 )
 from sandbank.files import PresignedPost
-from sandbank.interpreter.events import Event, follow
+from sandbank.interpreter.events import Event, StreamSlots, follow
 from sandbank.interpreter.files import SessionFiles
 from sandbank.interpreter.runs import Runs
 from sandbank.store import ChatSession, FileRecord, Message, Store, User
@@ -33,6 +33,7 @@ class InterpreterService:
         self.files = files
         self.runs = runs
         self.settings = settings
+        self.streams = StreamSlots(settings.max_event_streams, settings.max_event_streams_per_user)
 
     async def _owned(self, user: User, session_id: str) -> ChatSession:
         session = await self.store.chats.get(session_id)
@@ -45,9 +46,13 @@ class InterpreterService:
     # --- sessions ------------------------------------------------------------------------------
     async def create_session(self, user: User) -> ChatSession:
         limit = self.settings.max_sessions_per_user
-        if await self.store.chats.count(user.id) >= limit:
+        # Counted and created in one transaction: concurrent creations never pass the limit.
+        chat = await self.store.chats.create_within(
+            user.id, self.settings.session_ttl_seconds, limit
+        )
+        if chat is None:
             raise QuotaExceeded(f"you have {limit} sessions, the most allowed: delete some first")
-        return await self.store.chats.create(user.id, self.settings.session_ttl_seconds)
+        return chat
 
     async def list_sessions(self, user: User) -> list[ChatSession]:
         return await self.store.chats.of_user(user.id)
@@ -109,11 +114,14 @@ class InterpreterService:
 
     async def events(
         self, user: User, session_id: str, after: float | None
-    ) -> AsyncIterator[Event]:
-        """The session's event stream (see `events.follow`), once the caller may read it."""
+    ) -> tuple[AsyncIterator[Event], Callable[[], None]]:
+        """The session's event stream (see `events.follow`), once the caller may read it and
+        has a stream slot left; and the slot's release, for when the stream ends."""
         await self._owned(user, session_id)
+        release = self.streams.take(user.id)
         max_s = self.settings.event_stream_max_seconds
-        return follow(self.store, self.runs.events, session_id, after, max_s)
+        events = follow(self.store, self.runs.events, session_id, after, max_s)
+        return _released_at_end(events, release), release
 
     # --- files ---------------------------------------------------------------------------------
     async def upload_form(self, user: User, session_id: str, filename: str) -> PresignedPost:
@@ -141,3 +149,13 @@ class InterpreterService:
         with contextlib.suppress(SandbankError):
             await self.runs.shutdown()
         self.runs.events.close()  # after: streams show how the runs that finished here ended
+
+
+async def _released_at_end(
+    events: AsyncIterator[Event], release: Callable[[], None]
+) -> AsyncIterator[Event]:
+    try:
+        async for event in events:
+            yield event
+    finally:
+        release()

@@ -13,6 +13,7 @@ class Limits:
     pids: int
     cpus: float
     disk_bytes: int
+    disk_reserve_bytes: int  # left free on the data directory's file system
     tmp_bytes: int
     open_files: int
     output_bytes: int
@@ -25,6 +26,7 @@ def limits_from(settings: Settings) -> Limits:
         pids=settings.pids_limit,
         cpus=settings.cpu_limit,
         disk_bytes=settings.disk_limit_mb * MiB,
+        disk_reserve_bytes=settings.disk_reserve_mb * MiB,
         tmp_bytes=settings.tmp_limit_mb * MiB,
         open_files=settings.open_files_limit,
         output_bytes=settings.output_limit_bytes,

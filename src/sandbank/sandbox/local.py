@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from ..config import Settings
-from ..errors import AtCapacity, NotFound, SessionNotFound
+from ..errors import AtCapacity, NotFound, SessionNotFound, TenantShareReached
 from ..protocol.calls import (
     RC_KILLED,
     RC_TIMEOUT,
@@ -42,7 +42,7 @@ from .egress import EgressConfig
 from .host.tree import Tree
 from .host.workspace import SANDBOX_ROOT, split
 from .pool import WarmPool
-from .sessions import ExecSession, Watcher, victim
+from .sessions import ExecSession, TenantLimits, Watcher, victim
 from .supervisor import DESTROYED, restore_root
 
 log = logging.getLogger(__name__)
@@ -96,9 +96,14 @@ class LocalSandboxes:
     """Sessions on this machine's backend (`SANDBANK_ISOLATION`, or the one handed in)."""
 
     def __init__(
-        self, settings: Settings, backend: Backend | None = None, hooks: Hooks | None = None
+        self,
+        settings: Settings,
+        backend: Backend | None = None,
+        hooks: Hooks | None = None,
+        tenants: int = 1,
     ) -> None:
         self.settings = settings
+        self.tenant_limits = TenantLimits(settings, tenants)  # tenants: exec tokens configured
         self.backend = backend or backend_for(settings)
         self.hooks: Hooks = hooks or NoHooks()
         self.egress = EgressConfig.from_settings(settings)
@@ -167,6 +172,7 @@ class LocalSandboxes:
         except AtCapacity:
             self.hooks.refused()
             raise
+        self.tenant_limits.served(tenant)
         self.hooks.created()
         if key is not None:
             if (raced := self._live(key)) is not None:  # made meanwhile: one session per name
@@ -189,12 +195,20 @@ class LocalSandboxes:
         if not self._accepting:
             raise AtCapacity("the server is restarting: retry in a moment", retry_after=30)
         s = self.settings
-        reclaim = victim(
-            list(self._sessions.values()),
-            tenant,
-            s.max_sessions,
-            s.max_sessions_per_tenant or s.max_sessions,
-        )
+        try:
+            reclaim = victim(
+                list(self._sessions.values()),
+                tenant,
+                s.max_sessions,
+                self.tenant_limits.of(tenant),
+                self.tenant_limits.waiting(time.time()),
+            )
+        except TenantShareReached:
+            raise
+        except AtCapacity:
+            # Every session busy: this tenant waits, and tenants at their share give way to it.
+            self.tenant_limits.refused(tenant, time.time())
+            raise
         if reclaim is not None:
             log.info("reclaiming least recently used session to make room")
             self._destroy_in_background(reclaim.id)

@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections import deque
 
+from ..errors import AtCapacity
 from .backends.base import Backend, Sandbox
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,10 @@ class WarmPool:
             sandbox = self.backend.new(preimport=self.preimport)
             try:
                 await sandbox.start()
+            except AtCapacity as e:  # no room on the machine (its disk): not a failure
+                log.warning("the warm pool waits for room: %s", e.message)
+                await asyncio.sleep(RETRY_AFTER_FAILURE)
+                continue
             except Exception:
                 log.exception("the warm pool could not start a sandbox; retrying")
                 await asyncio.sleep(RETRY_AFTER_FAILURE)

@@ -1,8 +1,13 @@
 """Sessions on this machine: a leased sandbox with its tenant and lifetimes, and who gives way.
 
-At `max_sessions`, an idle session is reclaimed, least recently used first, but only from a
-tenant holding more than its fair share (`max_sessions` / tenants with sessions), the caller's
-own first: one tenant's burst never takes another tenant's state away (503 instead).
+Each tenant may hold up to its limit (`TenantLimits`): by default, on a server with several
+tenants, three quarters of `max_sessions`, so one tenant keeping every session busy never
+keeps the others out. While another tenant waits (it was refused for lack of room not long
+ago), a tenant at its fair share (`max_sessions` / tenants holding or waiting) gets no more:
+what frees up goes to those waiting. At `max_sessions`, an idle session is reclaimed, least
+recently used first, but only from a tenant holding more than its fair share, the caller's own
+first: one tenant's burst never takes another tenant's state away (503 instead). Each refusal
+names the limit it hit.
 """
 
 from __future__ import annotations
@@ -10,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
+from ..config import Settings, parse_tenant_limits
 from ..egress.policy import NetworkPolicy
-from ..errors import AtCapacity
+from ..errors import AtCapacity, TenantShareReached
 from ..protocol.filesystem import FsChange
 from ..protocol.processes import ContextInfo
 from ..protocol.sessions import SessionInfo
@@ -88,28 +95,86 @@ class Watcher:
             self.dropped += 1
 
 
+# How long a tenant refused for lack of room counts as waiting (its clients retry sooner).
+WAITING_SECONDS = 60.0
+
+
+class TenantLimits:
+    """The sessions each tenant may hold: `tenant_max_sessions` for the tenants it names,
+    else `max_sessions_per_tenant`, else (several tenants configured) three quarters of
+    `max_sessions`, else all of them."""
+
+    def __init__(self, settings: Settings, tenants: int) -> None:
+        self.max_sessions = settings.max_sessions
+        if settings.max_sessions_per_tenant:
+            self.default = min(settings.max_sessions_per_tenant, self.max_sessions)
+            self.source = "SANDBANK_MAX_SESSIONS_PER_TENANT"
+        elif tenants >= 2:
+            self.default = max(1, self.max_sessions - max(1, self.max_sessions // 4))
+            self.source = f"three quarters of the server's {self.max_sessions}"
+        else:
+            self.default = self.max_sessions
+            self.source = "SANDBANK_MAX_SESSIONS"
+        self.overrides = parse_tenant_limits(settings.tenant_max_sessions)
+        self._waiting: dict[str, float] = {}  # tenant: until when it counts as waiting
+
+    def of(self, tenant: str) -> tuple[int, str]:
+        """(the tenant's limit, where it comes from)."""
+        for prefix, limit in self.overrides.items():
+            if tenant.startswith(prefix):
+                return limit, "SANDBANK_TENANT_MAX_SESSIONS"
+        return self.default, self.source
+
+    def refused(self, tenant: str, now: float) -> None:
+        self._waiting[tenant] = now + WAITING_SECONDS
+
+    def served(self, tenant: str) -> None:
+        self._waiting.pop(tenant, None)
+
+    def waiting(self, now: float) -> set[str]:
+        self._waiting = {t: until for t, until in self._waiting.items() if until > now}
+        return set(self._waiting)
+
+
 def victim(
-    sessions: list[ExecSession], tenant: str, max_sessions: int, per_tenant: int
+    sessions: list[ExecSession],
+    tenant: str,
+    max_sessions: int,
+    limit: tuple[int, str],
+    waiting: AbstractSet[str] = frozenset(),
 ) -> ExecSession | None:
     """The session to reclaim so `tenant` may have one more; None when there is room already.
 
-    `AtCapacity` when room can only be made by taking a busy session or another tenant's fair
-    share.
+    `TenantShareReached` when the tenant is at its limit (or at its fair share while others
+    wait) with every session busy; `AtCapacity` when room can only be made by taking a busy
+    session or another tenant's fair share.
     """
+    per_tenant, source = limit
     mine = [x for x in sessions if x.tenant == tenant]
     if len(mine) >= per_tenant:
         found = _least_recent(mine)
         if found is None:
-            raise AtCapacity(
-                f"this client already has {per_tenant} sessions, its most, all busy; retry shortly",
+            raise TenantShareReached(
+                f"this client holds {len(mine)} sessions, the most it may hold ({per_tenant}: "
+                f"{source}), all busy; end one or retry shortly",
+                retry_after=5,
+            )
+        return found
+    counts = Counter(x.tenant for x in sessions)
+    counts[tenant] += 1
+    others_waiting = waiting - {tenant}
+    share = max_sessions / len(set(counts) | others_waiting)
+    if others_waiting and len(mine) >= share:
+        found = _least_recent(mine)  # trading one of its own for a new one takes nothing
+        if found is None:
+            raise TenantShareReached(
+                f"this client holds {len(mine)} sessions, its fair share of the server's "
+                f"{max_sessions} while other clients wait, all busy; end one or retry shortly",
                 retry_after=5,
             )
         return found
     if len(sessions) < max_sessions:
         return None
-    counts = Counter(x.tenant for x in sessions)
-    counts[tenant] += 1
-    share = max_sessions / len(counts)
     # Tenants over their share give way, the caller first, then the largest one.
     over = sorted((t for t, n in counts.items() if n > share),
                   key=lambda t: (t != tenant, -counts[t]))  # fmt: skip
@@ -117,7 +182,11 @@ def victim(
         found = _least_recent([x for x in sessions if x.tenant == over_tenant])
         if found is not None:
             return found
-    raise AtCapacity(f"all {max_sessions} sessions are busy; retry shortly", retry_after=5)
+    raise AtCapacity(
+        f"all {max_sessions} sessions of this server are busy (SANDBANK_MAX_SESSIONS); "
+        "retry shortly",
+        retry_after=5,
+    )
 
 
 def _least_recent(candidates: list[ExecSession]) -> ExecSession | None:

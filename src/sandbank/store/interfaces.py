@@ -68,6 +68,13 @@ class Chats(Protocol):
 
     async def create(self, user_id: str, ttl_seconds: float) -> ChatSession: ...
 
+    async def create_within(
+        self, user_id: str, ttl_seconds: float, limit: int
+    ) -> ChatSession | None:
+        """A new chat, or None (nothing stored) when the user already has `limit` chats,
+        counted in the same transaction: concurrent creations never pass the limit together."""
+        ...
+
     async def get(self, session_id: str) -> ChatSession | None:
         """The chat, its `title` the given name or else its first question."""
         ...
@@ -175,8 +182,15 @@ class RunQueue(Protocol):
 
 
 class FileRecords(Protocol):
-    """What each chat's files are (their bytes are in the object store), and the upload forms
-    handed out for an object store that calls nobody back (S3), until they expire."""
+    """What each chat's files are (their bytes are in the object store), the upload forms
+    handed out for an object store that calls nobody back (S3), until they expire, and the
+    storage reserved for files on their way in.
+
+    The storage quota is a reservation: bytes are reserved (counted with the user's stored
+    files and every other live reservation, in one transaction) before they are written,
+    grown as they arrive, and either committed as the file's record or released. A
+    reservation that is neither (its server died) stops counting at its `expires_at`.
+    """
 
     async def upsert(
         self, session_id: str, filename: str, size: int, origin: Origin
@@ -202,6 +216,31 @@ class FileRecords(Protocol):
         ...
 
     async def drop_upload(self, session_id: str, filename: str) -> None: ...
+
+    async def reserve(
+        self,
+        reservation_id: str,
+        session_id: str,
+        filename: str,
+        size: int,
+        quota: int,
+        expires_at: float,
+    ) -> bool:
+        """Reserve `size` bytes for a file of the chat (`reservation_id` given by the caller,
+        a reservation of that id replaced) if the chat's user stays within `quota`: their
+        files, less the one this file replaces, plus their live reservations. False (nothing
+        stored) otherwise; `SessionNotFound` without the chat."""
+        ...
+
+    async def release(self, reservation_id: str) -> None:
+        """Drop a reservation (an unknown one is ignored)."""
+        ...
+
+    async def commit(
+        self, reservation_id: str, session_id: str, filename: str, size: int, origin: Origin
+    ) -> FileRecord:
+        """Record the file and drop its reservation, in one transaction."""
+        ...
 
 
 @dataclass(frozen=True)

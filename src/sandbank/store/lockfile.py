@@ -1,4 +1,5 @@
-"""The lock file that keeps a SQLite database to one serving process (and names the holder)."""
+"""The lock files that say which process serves a data directory or a SQLite database, and
+name it to any other that tries."""
 
 from __future__ import annotations
 
@@ -9,18 +10,35 @@ import socket
 import time
 from pathlib import Path
 
+DATA_DIR_LOCK = "serve.lock"
+
 
 class ServeLock:
-    """An exclusive `flock` on `<database>.serve.lock`, held while `sandbank serve` runs.
+    """An exclusive `flock` on a lock file, held while `sandbank serve` runs.
 
     The kernel drops it when the process dies (kill -9 included), so a stale file never
-    blocks a start. The file says who holds it, for the warning a second process prints.
+    blocks a start. The file says who holds it, for the message another process gives.
     """
 
-    def __init__(self, database: Path) -> None:
-        self.database = database
-        self.path = database.with_name(database.name + ".serve.lock")
+    def __init__(self, path: Path, target: Path) -> None:
+        self.path = path
+        self.target = target  # what it keeps to one server
         self._fd: int | None = None
+
+    @classmethod
+    def of_database(cls, database: Path) -> ServeLock:
+        """`<database>.serve.lock`: SQLite is for one serving process."""
+        return cls(database.with_name(database.name + ".serve.lock"), database)
+
+    @classmethod
+    def of_data_dir(cls, data_dir: Path) -> ServeLock:
+        """`<data dir>/serve.lock`: a data directory is owned by one server, whatever its
+        database (its sandboxes' disks, cgroups and objects live by it)."""
+        return cls(data_dir / DATA_DIR_LOCK, data_dir)
+
+    @property
+    def database(self) -> Path:
+        return self.target
 
     def acquire(self) -> str | None:
         """Take the lock: None when taken, else what the file says about the holder."""

@@ -96,3 +96,17 @@ pending_uploads = sa.Table(
     sa.Column("filename", sa.String(1024), primary_key=True),
     sa.Column("expires_at", sa.Double(), nullable=False),
 )
+
+# Storage reserved for files on their way in (migration 0004): counted in the storage quota
+# with the files already recorded, until committed as a file's record, released, or expired.
+quota_reservations = sa.Table(
+    "quota_reservations",
+    metadata,
+    sa.Column("id", sa.String(200), primary_key=True),
+    sa.Column("user_id", sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("session_id", sa.ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("filename", sa.String(1024), nullable=False),
+    sa.Column("size", sa.BigInteger(), nullable=False),
+    sa.Column("expires_at", sa.Double(), nullable=False),
+    sa.Index("ix_quota_reservations_user", "user_id"),
+)

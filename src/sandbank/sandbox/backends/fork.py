@@ -57,6 +57,7 @@ def new_template(settings: Settings, runtime_dir: Path, limits: Limits, seccomp:
             seccomp=seccomp,
             modules=modules,
             max_forks=settings.fork_template_max_forks,
+            max_age=settings.fork_template_max_age_seconds,
         )
     )
 

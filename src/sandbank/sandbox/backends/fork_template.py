@@ -4,7 +4,8 @@ One template process (`inside/template.py`) per server, started as root from the
 Python in a mount namespace of its own, where the runtime and the inside/ code sit at the
 paths sandboxes see (so every module path it imported stays valid in its children). It is
 replaced, without failing a lease, when it dies, when the runtime image or the inside/ code
-changes on disk, and after `max_forks` children (a fresh address layout and str-hash secret).
+changes on disk, and after `max_forks` children or `max_age` seconds (a fresh address layout,
+canary and str-hash secret: what children of one template share, SECURITY.md).
 A replaced template keeps running until the last sandbox forked from it has ended.
 """
 
@@ -61,6 +62,7 @@ class TemplateConfig:
     seccomp: bytes
     modules: list[str]
     max_forks: int
+    max_age: float = 0.0  # seconds; 0: no limit
 
 
 @dataclass(eq=False)
@@ -72,6 +74,7 @@ class _Process:
     runtime: Path  # the runtime image's mount, bound by the sandboxes it forks
     inside: Path  # the in-sandbox code's read-only mount, likewise
     forks: int = 0
+    started: float = field(default_factory=time.monotonic)
     retired: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -177,6 +180,9 @@ class Template:
             log.info("the fork template made %d sandboxes; starting a fresh one", cur.forks)
             return True
         now = time.monotonic()
+        if cfg.max_age and now - cur.started >= cfg.max_age:
+            log.info("the fork template is %.0f s old; starting a fresh one", now - cur.started)
+            return True
         if now - self._checked < CHECK_INTERVAL:
             return False
         self._checked = now

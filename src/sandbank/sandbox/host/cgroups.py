@@ -146,6 +146,47 @@ def instance_groups(instance: str, root: Path = ROOT) -> list[str]:
     return sorted(names)
 
 
+def instances(root: Path = ROOT) -> set[str]:
+    """Every server instance with a directory in any hierarchy (live or left behind)."""
+    found: set[str] = set()
+    for ctrl in (*V1_CONTROLLERS, UNIFIED):
+        base = root / ctrl / "sandbank"
+        if base.is_dir():
+            found.update(p.name for p in base.iterdir() if p.is_dir())
+    return found
+
+
+def remove_instance(instance: str, root: Path = ROOT) -> int:
+    """Kill what runs in an instance's groups and remove them all; how many groups."""
+    names = instance_groups(instance, root)
+    for name in names:
+        group = Cgroup(instance, name, root)
+        group.kill_all()
+        with contextlib.suppress(OSError):
+            group.remove()
+    remove_instance_dirs(instance, root)
+    return len(names)
+
+
+def remove_empty_groups(instance: str, older_than: float, root: Path = ROOT) -> int:
+    """Remove an instance's groups that hold no process and were made before `older_than`
+    (a time), and then its directories if they are empty and as old; how many groups."""
+    removed = 0
+    for ctrl in (*V1_CONTROLLERS, UNIFIED):
+        base = root / ctrl / "sandbank" / instance
+        if not base.is_dir():
+            continue
+        for group in [p for p in base.iterdir() if p.is_dir()]:
+            with contextlib.suppress(OSError):
+                if group.stat().st_ctime < older_than and not (group / "cgroup.procs").read_text():
+                    group.rmdir()
+                    removed += 1
+        with contextlib.suppress(OSError):
+            if base.stat().st_ctime < older_than:
+                base.rmdir()  # only succeeds once empty
+    return removed
+
+
 def remove_instance_dirs(instance: str, root: Path = ROOT) -> None:
     for ctrl in (*V1_CONTROLLERS, UNIFIED):
         with contextlib.suppress(OSError):

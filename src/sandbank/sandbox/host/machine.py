@@ -13,6 +13,7 @@ import ctypes
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 
 from ... import capacity
@@ -26,10 +27,64 @@ from . import cgroups, disk, trust
 from .layout import HOST_PATH
 from .seccomp import build_filter
 from .slot import Slot, remove_sandbox_dir
-from .uids import UidAllocator
+from .uids import UidAllocator, lock_file
 
 log = logging.getLogger(__name__)
 PR_SET_CHILD_SUBREAPER = 36
+# Groups of an instance that holds no lock (a server from before instance locks) are left
+# alone unless empty and this old: such a server may still be running.
+UNLOCKED_INSTANCE_AGE = 3600.0
+INSTANCE_LOCK_WAIT = 30.0  # a sweeper holds another instance's lock for a few seconds at most
+
+
+class InstanceLock:
+    """This server's claim on its instance's cgroups, machine-wide: an exclusive `flock` on
+    `<uid_lock_dir>/instances/<instance>` held for the server's life. Another server's start
+    sweeps every instance whose lock nobody holds (a killed server's); the kernel drops a
+    dead server's lock."""
+
+    def __init__(self, lock_dir: Path, instance: str) -> None:
+        self.dir = lock_dir / "instances"
+        self.instance = instance
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        deadline = time.monotonic() + INSTANCE_LOCK_WAIT
+        while (fd := lock_file(self.dir / self.instance, create=True)) is None:
+            if time.monotonic() > deadline:
+                raise IsolationUnavailable(
+                    f"the cgroups of this data directory ({self.instance}) are held by another "
+                    f"process ({self.dir / self.instance} is locked)"
+                )
+            time.sleep(0.05)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def sweep_others(self) -> None:
+        """Remove the cgroups of every other instance that no live server holds."""
+        for other in sorted(cgroups.instances() - {self.instance}):
+            path = self.dir / other
+            if not path.exists():
+                removed = cgroups.remove_empty_groups(other, time.time() - UNLOCKED_INSTANCE_AGE)
+                if removed:
+                    log.info("removed %d empty cgroups of an instance without a lock", removed)
+                continue
+            fd = lock_file(path, create=False)
+            if fd is None:
+                continue  # a live server's
+            try:
+                removed = cgroups.remove_instance(other)
+                path.unlink()
+                log.info("removed %d cgroups a stopped server (%s) left", removed, other)
+            except OSError as e:
+                log.warning("the cgroups a stopped server (%s) left are not removed: %s", other, e)
+            finally:
+                os.close(fd)
 
 
 def check_tools(tools: tuple[tuple[str, str], ...], otherwise: str) -> None:
@@ -79,6 +134,7 @@ class IsolatedHost:
             settings, EgressConfig.from_settings(settings)
         )
         self._open: set[str] = set()  # sandboxes made and not yet given back
+        self.instance_lock = InstanceLock(settings.uid_lock_dir, instance)
 
     def check(self) -> None:
         """The runtime, traversable paths, the seccomp program and the uid pool."""
@@ -114,6 +170,7 @@ class IsolatedHost:
         if self.settings.cgroup_favor_dynmods:
             await asyncio.to_thread(favor_dynamic_moves)
         await asyncio.to_thread(self._cleanup_stale)
+        await asyncio.to_thread(self._sweep_machine)
         sandboxes = self.settings.max_sessions + self.settings.pool_size
         soft, want = capacity.raise_open_files(sandboxes)
         if soft < want:
@@ -139,8 +196,18 @@ class IsolatedHost:
             on_released=self._open.discard,
         )
 
+    def _sweep_machine(self) -> None:
+        """What killed servers left on the machine: other instances' cgroups that no live
+        server holds, and uid lock files nobody holds."""
+        self.instance_lock.sweep_others()
+        assert self.uids is not None
+        removed = self.uids.sweep()
+        if removed:
+            log.info("removed %d uid lock files nobody held", removed)
+
     def _cleanup_stale(self) -> None:
         """Remove what a previous run of this data directory left; touch nothing else."""
+        self.instance_lock.acquire()
         for name in cgroups.instance_groups(self.instance):
             group = cgroups.Cgroup(self.instance, name)
             group.kill_all()
@@ -169,6 +236,9 @@ class IsolatedHost:
         reap_orphans(WorkerProcess.spawned)
         await asyncio.to_thread(self._remove_unowned)  # nothing outlives the server's shutdown
         cgroups.remove_instance_dirs(self.instance)
+        with contextlib.suppress(OSError):
+            (self.instance_lock.dir / self.instance).unlink()  # still ours: nobody can take it
+        self.instance_lock.release()
 
     def memory(self) -> int:
         """What all of them are charged together (bytes)."""

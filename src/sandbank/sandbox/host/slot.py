@@ -89,7 +89,12 @@ class Slot:
             self.root_policy = None  # nothing to restore until the disk is there (`disk_made`)
             self._disk = asyncio.ensure_future(
                 asyncio.to_thread(
-                    disk.create_from, self.formatted_disk, self.image, self.workspace, self.uid
+                    disk.create_from,
+                    self.formatted_disk,
+                    self.image,
+                    self.workspace,
+                    self.uid,
+                    self.limits.disk_reserve_bytes,
                 )
             )
         if self.egress_proxy is not None:
@@ -105,7 +110,9 @@ class Slot:
         if background_disk:
             self.workspace.mkdir(mode=0o700)  # the disk's mount point
         else:
-            disk.create(self.image, self.workspace, lim.disk_bytes, self.uid)
+            disk.create(
+                self.image, self.workspace, lim.disk_bytes, self.uid, lim.disk_reserve_bytes
+            )
 
     async def disk_made(self) -> None:
         """Wait for the workspace disk made in the background (raises what making it did)."""

@@ -2,14 +2,17 @@
 
 A claim is an exclusive `flock` on `<lock_dir>/<uid>` held for the sandbox's life, so
 several servers (and test runs) on one machine never hand out the same uid, and a crashed
-server's claims vanish with its process.
+server's claims vanish with its process. Uids are claimed lowest first, so the lock files
+number at most the most sandboxes ever live at once on the machine, not one per uid ever
+used; files nobody holds are removed at start (`sweep`). A file is removed only under its
+own lock, and a claim checks that the file it locked is still the one at its path, so a
+removal never hands one uid to two sandboxes.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import random
 import threading
 from pathlib import Path
 
@@ -28,20 +31,14 @@ class UidAllocator:
         lock_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
 
     def claim(self) -> int:
-        start = random.randrange(self.count)  # noqa: S311 - spreading claims, not a secret
         with self._mutex:
-            for i in range(self.count):
-                uid = self.base + (start + i) % self.count
+            for uid in range(self.base, self.base + self.count):
                 if uid in self._held:
                     continue
-                fd = os.open(self.lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                self._held[uid] = fd
-                return uid
+                fd = lock_file(self.lock_dir / str(uid), create=True)
+                if fd is not None:
+                    self._held[uid] = fd
+                    return uid
         raise AtCapacity("no free sandbox uid left in the configured range")
 
     def release(self, uid: int) -> None:
@@ -53,3 +50,47 @@ class UidAllocator:
     def held(self) -> set[int]:
         with self._mutex:
             return set(self._held)
+
+    def sweep(self) -> int:
+        """Remove the lock files nobody holds (a killed server's, older runs'); how many."""
+        removed = 0
+        with self._mutex:
+            held = {str(uid) for uid in self._held}
+            for name in os.listdir(self.lock_dir):
+                if not name.isdigit() or name in held:
+                    continue
+                path = self.lock_dir / name
+                fd = lock_file(path, create=False)
+                if fd is None:
+                    continue  # a live claim
+                try:
+                    path.unlink()
+                    removed += 1
+                finally:
+                    os.close(fd)
+        return removed
+
+
+def lock_file(path: Path, *, create: bool) -> int | None:
+    """An exclusive lock on the file at `path`, or None when another holds it (or the file
+    was removed under us: the path then names another file, or none)."""
+    flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    while True:
+        try:
+            fd = os.open(path, flags, 0o644)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)  # removed by a sweep between our open and our lock: try the path again
+        if not create:
+            return None

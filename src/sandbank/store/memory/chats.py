@@ -17,6 +17,14 @@ class MemoryChats:
     def __init__(self, state: MemoryState) -> None:
         self.state = state
 
+    async def create_within(
+        self, user_id: str, ttl_seconds: float, limit: int
+    ) -> ChatSession | None:
+        # No await between counting and creating: one step of the event loop.
+        if user_id in self.state.users and await self.count(user_id) >= limit:
+            return None
+        return await self.create(user_id, ttl_seconds)
+
     async def create(self, user_id: str, ttl_seconds: float) -> ChatSession:
         if user_id not in self.state.users:
             raise NotFound(f"no user with id {user_id!r}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from sandbank.store.memory.state import MemoryState
+from sandbank.store.memory.state import MemoryState, Reservation
 from sandbank.store.records import FileRecord, Origin
 
 
@@ -47,3 +47,47 @@ class MemoryFileRecords:
 
     async def drop_upload(self, session_id: str, filename: str) -> None:
         self.state.uploads.get(session_id, {}).pop(filename, None)
+
+    async def reserve(
+        self,
+        reservation_id: str,
+        session_id: str,
+        filename: str,
+        size: int,
+        quota: int,
+        expires_at: float,
+    ) -> bool:
+        user_id = self.state.chat(session_id).user_id
+        now = time.time()
+        state = self.state
+        state.reservations = {
+            k: r
+            for k, r in state.reservations.items()
+            if not (r.user_id == user_id and r.expires_at < now)
+        }
+        stored = sum(
+            f.size
+            for key, f in state.files.items()
+            if state.chats[f.session_id].user_id == user_id and key != (session_id, filename)
+        )
+        reserved = sum(
+            r.size
+            for k, r in state.reservations.items()
+            if r.user_id == user_id and k != reservation_id
+        )
+        if stored + reserved + size > quota:
+            return False  # the reservation of this id, if any, stays as it was
+        state.reservations[reservation_id] = Reservation(
+            user_id, session_id, filename, size, expires_at
+        )
+        return True
+
+    async def release(self, reservation_id: str) -> None:
+        self.state.reservations.pop(reservation_id, None)
+
+    async def commit(
+        self, reservation_id: str, session_id: str, filename: str, size: int, origin: Origin
+    ) -> FileRecord:
+        record = await self.upsert(session_id, filename, size, origin)
+        self.state.reservations.pop(reservation_id, None)
+        return record

@@ -24,6 +24,17 @@ from sandbank.store.records import (
 )
 
 
+@dataclass(frozen=True)
+class Reservation:
+    """Storage reserved for a file on its way in (see `FileRecords`)."""
+
+    user_id: str
+    session_id: str
+    filename: str
+    size: int
+    expires_at: float
+
+
 @dataclass
 class MemoryState:
     """The tables, as dicts."""
@@ -36,6 +47,7 @@ class MemoryState:
     runs: dict[str, Run] = field(default_factory=dict)
     uploads: dict[str, dict[str, float]] = field(default_factory=dict)
     sandboxes: dict[str, tuple[str, str]] = field(default_factory=dict)  # (replica, sandbox)
+    reservations: dict[str, Reservation] = field(default_factory=dict)  # by id
 
     def chat(self, session_id: str) -> ChatSession:
         try:
@@ -63,6 +75,9 @@ class MemoryState:
         self.uploads.pop(session_id, None)
         self.sandboxes.pop(session_id, None)
         self.files = {k: v for k, v in self.files.items() if k[0] != session_id}
+        self.reservations = {
+            k: r for k, r in self.reservations.items() if r.session_id != session_id
+        }
 
     def held(self, run: Run) -> Run | None:
         """The run as stored, while `run.owner` holds it (and its chat exists)."""

@@ -18,7 +18,7 @@ from sandbank.store.records import (
     SessionStatus,
     next_timestamp,
 )
-from sandbank.store.schema import messages, sessions
+from sandbank.store.schema import messages, sessions, users
 from sandbank.store.sql.database import Conn, Database, every, one, scalar_int
 
 
@@ -29,6 +29,18 @@ class SqlChats:
         self.db = db
 
     async def create(self, user_id: str, ttl_seconds: float) -> ChatSession:
+        chat = await self._create(user_id, ttl_seconds, None)
+        assert chat is not None
+        return chat
+
+    async def create_within(
+        self, user_id: str, ttl_seconds: float, limit: int
+    ) -> ChatSession | None:
+        return await self._create(user_id, ttl_seconds, limit)
+
+    async def _create(
+        self, user_id: str, ttl_seconds: float, limit: int | None
+    ) -> ChatSession | None:
         now = time.time()
         chat = ChatSession(str(uuid.uuid4()), user_id, "DONE", None, now, now + ttl_seconds)
         insert = sa.insert(sessions).values(
@@ -39,11 +51,17 @@ class SqlChats:
             created_at=now,
             ttl=chat.ttl,
         )
-        await self.db.write(
-            lambda conn: conn.execute(insert),
-            refused=lambda: NotFound(f"no user with id {user_id!r}"),
-        )
-        return chat
+
+        def create(conn: Conn) -> ChatSession | None:
+            if limit is not None:
+                lock_user(conn, user_id)  # counting, then inserting, is one step per user
+                count = sa.select(sa.func.count()).where(sessions.c.user_id == user_id)
+                if int(conn.execute(count).scalar() or 0) >= limit:
+                    return None
+            conn.execute(insert)
+            return chat
+
+        return await self.db.write(create, refused=lambda: NotFound(f"no user with id {user_id!r}"))
 
     async def get(self, session_id: str) -> ChatSession | None:
         row = await self.db.read(one(_titled().where(sessions.c.id == session_id)))
@@ -103,6 +121,18 @@ class SqlChats:
 
 
 # --- row helpers: parts of transactions that change a chat along with another aggregate ------
+
+
+def lock_user(conn: Conn, user_id: str) -> None:
+    """Lock the user's row until commit (`NotFound` when missing): what is counted against the
+    user's quotas stays as counted until the transaction commits."""
+    row = conn.execute(
+        sa.select(users.c.id)
+        .where(users.c.id == user_id)
+        .with_for_update()  # ignored by SQLite, whose writer already holds the database lock
+    ).first()
+    if row is None:
+        raise NotFound(f"no user with id {user_id!r}")
 
 
 def lock_chat(conn: Conn, session_id: str) -> float | None:

@@ -16,7 +16,7 @@ import anyio.to_thread
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from sandbank.errors import SandbankError
+from sandbank.errors import SandbankError, StorageFull
 from sandbank.store.engine import Engines, create_engines, migrate
 
 T = TypeVar("T")
@@ -74,8 +74,18 @@ def _transact(
             raise refused() from None
         raise SandbankError("constraint violated") from exc
     except sa_exc.SQLAlchemyError as exc:
+        if _disk_full(exc):
+            raise StorageFull("the database's disk is full: nothing was stored") from exc
         # Translated at the edge; the cause stays chained for the log, never sent to clients.
         raise SandbankError(f"database error: {exc.__class__.__name__}") from exc
+
+
+def _disk_full(exc: sa_exc.SQLAlchemyError) -> bool:
+    """SQLite's SQLITE_FULL, PostgreSQL's disk_full (53100)."""
+    orig = getattr(exc, "orig", None)
+    if getattr(orig, "sqlstate", None) == "53100":
+        return True
+    return "database or disk is full" in str(orig)
 
 
 def one(query: sa.Select[Any]) -> Callable[[Conn], sa.Row[Any] | None]:
