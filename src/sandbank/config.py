@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from .capacity import derived_max_sessions, derived_pool_size, disk_room
 from .egress.policy import NetworkPolicy
 from .egress.resolver import FixedResolver
+from .egress.sealing import parse_keys
 from .errors import ConfigError
 
 MiB = 1024 * 1024
@@ -270,6 +271,20 @@ class Settings(BaseSettings):
         description="FOR TESTS ONLY: comma-separated `name=address` answers the proxy uses "
         "instead of DNS (names not listed do not resolve). Empty: the system resolver.",
     )
+    egress_credentials_file: Path | None = Field(
+        None,
+        description="A TOML file of credentials the egress proxy adds to requests to their "
+        'destinations, for every session whose policy reaches them (README, "Credentials"): '
+        "`[[credential]]` tables with `destination` (`NAME:PORT` or `*.suffix:PORT`) and one "
+        "of `headers`, `basic` or `query`. The values never enter a sandbox.",
+    )
+    credentials_key: SecretStr = Field(
+        SecretStr(""),
+        description="The key that seals the credentials tenants and users store through the "
+        "APIs (base64 of 32 bytes: `openssl rand -base64 32`); several, comma-separated, to "
+        "replace one: the first seals, each opens. Empty: nothing is stored (a session's own "
+        "credentials, given at CreateSession, still work).",
+    )
 
     @field_validator("egress_allow", "egress_allow_max")
     @classmethod
@@ -281,6 +296,12 @@ class Settings(BaseSettings):
     @classmethod
     def _test_hosts(cls, value: str) -> str:
         FixedResolver.parse(value)
+        return value
+
+    @field_validator("credentials_key")
+    @classmethod
+    def _credentials_key(cls, value: SecretStr) -> SecretStr:
+        parse_keys(value.get_secret_value())  # says which key is wrong, never what it is
         return value
 
     # --- code-execution API -----------------------------------------------------------------

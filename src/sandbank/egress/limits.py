@@ -25,6 +25,8 @@ class EgressStats:
     bytes_out: int = 0  # sandbox to upstream
     bytes_in: int = 0  # upstream to sandbox
     open: int = 0
+    intercepted: int = 0  # connections whose TLS the proxy ended (a credential's destination)
+    injected: int = 0  # requests that went out with a credential added
 
     @property
     def bytes(self) -> int:

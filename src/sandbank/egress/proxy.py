@@ -6,6 +6,9 @@ policy before anything is resolved; the name is resolved here, never in the sand
 address is checked (non-public ones only if the operator listed them) and the connection goes
 to that checked address, so a name that changes its answer (DNS rebinding) gains nothing.
 Every byte from the sandbox is hostile: heads are bounded in size and time, parsed strictly.
+
+Only then is a credential looked for (`credentials.py`): a plain request to its destination
+gets it added to its head; a CONNECT to it is terminated and read (`interception.py`).
 """
 
 from __future__ import annotations
@@ -15,10 +18,15 @@ import contextlib
 import logging
 import os
 import re
+import ssl
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .authority import Authority, upstream_context
+from .credentials import Applicable, Credential, NoCredentials
+from .interception import Link, Streams, Terminated, scrub_head, with_query
 from .limits import EgressLimits, EgressStats, RateLimiter
 from .policy import IPAddress, NetworkPolicy, is_public, normalize_name, parse_address
 from .resolver import Resolver
@@ -58,12 +66,31 @@ class Request:
     method: str
     host: str  # a normalized name, or an address literal
     port: int
-    head: bytes = b""  # for plain HTTP: the head to send upstream (origin-form, Connection: close)
     body: int | None = None  # for plain HTTP: the body's length; nothing after it is relayed
+    # For plain HTTP: the URL's authority and origin-form target, and the headers kept.
+    authority: str = ""
+    path: str = "/"
+    headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def tunnel(self) -> bool:
         return self.method == "CONNECT"
+
+    def head(self, credential: Credential | None = None) -> bytes:
+        """The head sent upstream (origin-form, `Connection: close`), the credential added:
+        its headers replace same-named ones, its query parameter a same-named one."""
+        headers, path = list(self.headers), self.path
+        if credential is not None:
+            secret = credential.secret
+            replaced = {n.lower() for n, _ in secret.headers}
+            headers = [(n, v) for n, v in headers if n.lower() not in replaced]
+            headers += secret.headers
+            if secret.query is not None:
+                path = with_query(path.encode("ascii"), *secret.query).decode("ascii")
+        out = [f"{self.method} {path} HTTP/1.1", f"Host: {self.authority}"]
+        out += [f"{n}: {v}" for n, v in headers]
+        out.append("Connection: close")
+        return ("\r\n".join(out) + "\r\n\r\n").encode("ascii")
 
 
 def split_authority(text: str, default_port: int | None) -> tuple[str, int]:
@@ -118,7 +145,6 @@ def parse_head(head: bytes) -> Request:
     host, port = split_authority(authority, 80)
     if not path.startswith("/"):
         path = "/" + path
-    out = [f"{method} {path} HTTP/1.1", f"Host: {authority}"]
     dropped = set(_HOP_BY_HOP)
     headers: list[tuple[str, str]] = []
     for line in lines[1:]:
@@ -128,10 +154,8 @@ def parse_head(head: bytes) -> Request:
         if name.lower() == "connection":
             dropped.update(v.strip().lower() for v in value.split(","))
         headers.append((name, value.strip()))
-    out += [f"{n}: {v}" for n, v in headers if n.lower() not in dropped]
-    out.append("Connection: close")
-    head_bytes = ("\r\n".join(out) + "\r\n\r\n").encode("ascii")
-    return Request(method, checked_host(host), port, head_bytes, body_length(headers))
+    kept = tuple((n, v) for n, v in headers if n.lower() not in dropped)
+    return Request(method, checked_host(host), port, body_length(headers), authority, path, kept)
 
 
 def body_length(headers: list[tuple[str, str]]) -> int:
@@ -172,6 +196,7 @@ class Gate:
     path: Path
     session_id: str = "(not leased)"
     policy: NetworkPolicy = field(default_factory=NetworkPolicy)
+    credentials: Applicable = field(default_factory=NoCredentials)  # looked up per request
     stats: EgressStats = field(default_factory=EgressStats)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -179,12 +204,40 @@ class Gate:
 class EgressProxy:
     """The filtering proxy: a unix socket per sandbox, checked against its session's policy."""
 
-    def __init__(self, trusted: NetworkPolicy, limits: EgressLimits, resolver: Resolver) -> None:
+    def __init__(
+        self,
+        trusted: NetworkPolicy,
+        limits: EgressLimits,
+        resolver: Resolver,
+        data_dir: Path | None = None,
+        extra_ca_file: Path | None = None,
+    ) -> None:
         self.trusted = trusted  # the operator's lists: the only source of non-public addresses
         self.limits = limits
         self.resolver = resolver
         self.rate = RateLimiter(limits.rate_bytes)
         self._gates: dict[str, Gate] = {}
+        # Where the deployment CA lives: without one, HTTPS is never terminated (tunnels only).
+        self.data_dir = data_dir
+        self.extra_ca_file = extra_ca_file
+        self._authority: Authority | None = None
+        self._upstream_tls: ssl.SSLContext | None = None
+
+    # --- terminated TLS ------------------------------------------------------------------
+    def roots(self) -> list[bytes]:
+        """The certificates sandboxes must trust (the deployment CA, made at first start)."""
+        authority = self.authority()
+        return [] if authority is None else [authority.certificate_pem]
+
+    def authority(self) -> Authority | None:
+        if self._authority is None and self.data_dir is not None:
+            self._authority = Authority.load_or_create(self.data_dir)
+        return self._authority
+
+    def upstream_tls(self) -> ssl.SSLContext:
+        if self._upstream_tls is None:
+            self._upstream_tls = upstream_context(self.extra_ca_file)
+        return self._upstream_tls
 
     # --- sandboxes -----------------------------------------------------------------------
     async def open(self, sandbox_id: str, directory: Path, uid: int) -> Path:
@@ -204,10 +257,17 @@ class EgressProxy:
         self._gates[sandbox_id] = gate
         return path
 
-    def lease(self, sandbox_id: str, session_id: str, policy: NetworkPolicy) -> None:
+    def lease(
+        self,
+        sandbox_id: str,
+        session_id: str,
+        policy: NetworkPolicy,
+        credentials: Applicable | None = None,
+    ) -> None:
         gate = self._gates.get(sandbox_id)
         if gate is not None:
             gate.session_id, gate.policy = session_id, policy
+            gate.credentials = credentials or NoCredentials()
             log.info("egress policy of session %s: %s", session_id, policy)
 
     def stats(self, sandbox_id: str) -> EgressStats:
@@ -226,8 +286,9 @@ class EgressProxy:
         await asyncio.gather(*gate.tasks, return_exceptions=True)
         s = gate.stats
         log.info(
-            "egress of session %s: %d allowed, %d refused, %d failed, %d bytes out, %d in",
-            gate.session_id, s.allowed, s.refused, s.failed, s.bytes_out, s.bytes_in,
+            "egress of session %s: %d allowed, %d refused, %d failed, %d bytes out, %d in, "
+            "%d requests with a credential",
+            gate.session_id, s.allowed, s.refused, s.failed, s.bytes_out, s.bytes_in, s.injected,
         )  # fmt: skip
 
     async def close(self) -> None:
@@ -248,23 +309,42 @@ class EgressProxy:
             try:
                 req = await self._read_request(gate, reader)
                 if req.host == POLICY_HOST and not req.tunnel:
-                    writer.write(answer(200, "OK", f"network policy: {gate.policy}"))
+                    writer.write(answer(200, "OK", describe(gate)))
                     await writer.drain()
                     return
-                up_reader, upstream = await self._connect(gate, req)
+                addresses = await self._check(gate, req)
+                # Looked for only now: a credential never opens what the policy closed.
+                credential = (
+                    gate.credentials.find(req.host, req.port)
+                    if parse_address(req.host) is None
+                    else None
+                )
+                terminate = req.tunnel and credential is not None and self.data_dir is not None
+                if terminate:
+                    up_reader, upstream = await self._connect_tls(gate, req, addresses)
+                else:
+                    up_reader, upstream = await self._connect(gate, req, addresses)
             except Refusal as r:
                 self._count(gate, r, req)
                 writer.write(answer(r.status, r.reason))
                 with contextlib.suppress(OSError, TimeoutError):
                     await asyncio.wait_for(writer.drain(), 5.0)
                 return
+            if terminate:
+                await self._terminate(gate, req, addresses, (reader, writer), (up_reader, upstream))
+                return
+            markers: list[bytes] = []
             if req.tunnel:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             else:
-                upstream.write(req.head)
-                gate.stats.bytes_out += len(req.head)
-            await self._relay(req, gate, reader, writer, up_reader, upstream)
-        except (OSError, asyncio.IncompleteReadError):
+                head = req.head(credential)
+                if credential is not None:
+                    markers = credential.secret.markers()
+                    self._injected(gate, req, credential)
+                upstream.write(head)
+                gate.stats.bytes_out += len(head)
+            await self._relay(req, gate, reader, writer, up_reader, upstream, markers)
+        except (OSError, EOFError, asyncio.LimitOverrunError):
             pass
         finally:
             gate.stats.open -= 1
@@ -272,6 +352,61 @@ class EgressProxy:
             for w in (writer, upstream):
                 if w is not None:
                     w.close()
+
+    async def _terminate(
+        self,
+        gate: Gate,
+        req: Request,
+        addresses: list[IPAddress],
+        client: Streams,
+        upstream: Streams,
+    ) -> None:
+        """A CONNECT to a destination with a credential: the sandbox's TLS ends here."""
+        authority = self.authority()
+        assert authority is not None
+        context = authority.context_for(req.host)
+        writer = client[1]
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await writer.drain()
+        try:
+            await writer.start_tls(context, ssl_handshake_timeout=HEAD_TIMEOUT)
+        except (ssl.SSLError, TimeoutError) as e:
+            gate.stats.failed += 1
+            if worth_logging(gate.stats.failed):
+                log.info(
+                    "egress failed: session %s's client did not accept the deployment CA for "
+                    "%s:%d (a CA list of its own?): %s",
+                    gate.session_id, req.host, req.port, str(e)[:200],
+                )  # fmt: skip
+            upstream[1].close()
+            return
+        gate.stats.intercepted += 1
+
+        async def connect() -> Streams:
+            try:
+                return await self._connect_tls(gate, req, addresses)
+            except Refusal as r:
+                raise OSError(r.reason) from None
+
+        async def moved(n: int, out: bool) -> None:
+            await self._moved(gate, n, out)
+
+        def injected(credential: Credential) -> None:
+            self._injected(gate, req, credential)
+
+        link = Link(
+            req.host, req.port, gate.credentials, connect, moved, injected,
+            self.limits.idle_seconds,
+        )  # fmt: skip
+        await Terminated(link, client, upstream).run()
+
+    def _injected(self, gate: Gate, req: Request, credential: Credential) -> None:
+        gate.stats.injected += 1
+        if worth_logging(gate.stats.injected):
+            log.info(
+                "egress credential %s added (#%d): session %s to %s:%d",
+                credential.id, gate.stats.injected, gate.session_id, req.host, req.port,
+            )  # fmt: skip
 
     async def _read_request(self, gate: Gate, reader: asyncio.StreamReader) -> Request:
         if gate.stats.open > self.limits.connections_per_session:
@@ -287,23 +422,51 @@ class EgressProxy:
         return parse_head(head)
 
     async def _connect(
-        self, gate: Gate, req: Request
+        self, gate: Gate, req: Request, addresses: list[IPAddress]
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        addresses = await self._check(gate, req)
         for ip in addresses[:MAX_ADDRESSES]:
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT):
                     conn = await asyncio.open_connection(str(ip), req.port, limit=STREAM_LIMIT)
             except (OSError, TimeoutError):
                 continue
-            gate.stats.allowed += 1
-            if worth_logging(gate.stats.allowed):
-                log.info(
-                    "egress allowed (#%d): session %s to %s:%d (%s)",
-                    gate.stats.allowed, gate.session_id, req.host, req.port, ip,
-                )  # fmt: skip
+            self._allowed(gate, req, ip)
             return conn
         raise Refusal(502, f"could not connect to {req.host}:{req.port}", counted="failed")
+
+    async def _connect_tls(
+        self, gate: Gate, req: Request, addresses: list[IPAddress]
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """The proxy's own TLS connection to the destination, its real certificate verified."""
+        context = self.upstream_tls()
+        where = f"{req.host}:{req.port}"
+        for ip in addresses[:MAX_ADDRESSES]:
+            try:
+                async with asyncio.timeout(CONNECT_TIMEOUT):
+                    conn = await asyncio.open_connection(
+                        str(ip), req.port, ssl=context, server_hostname=req.host,
+                        limit=STREAM_LIMIT, ssl_handshake_timeout=CONNECT_TIMEOUT,
+                    )  # fmt: skip
+            except ssl.SSLCertVerificationError as e:
+                reason = _printable(str(e.verify_message or "not trusted"))
+                raise Refusal(
+                    502, f"the certificate of {where} did not verify: {reason}", counted="failed"
+                ) from None
+            except ssl.SSLError:
+                raise Refusal(502, f"TLS with {where} failed", counted="failed") from None
+            except (OSError, TimeoutError):
+                continue
+            self._allowed(gate, req, ip)
+            return conn
+        raise Refusal(502, f"could not connect to {where}", counted="failed")
+
+    def _allowed(self, gate: Gate, req: Request, ip: IPAddress) -> None:
+        gate.stats.allowed += 1
+        if worth_logging(gate.stats.allowed):
+            log.info(
+                "egress allowed (#%d): session %s to %s:%d (%s)",
+                gate.stats.allowed, gate.session_id, req.host, req.port, ip,
+            )  # fmt: skip
 
     async def _check(self, gate: Gate, req: Request) -> list[IPAddress]:
         """The addresses this request may go to, checked; Refusal if none."""
@@ -347,6 +510,17 @@ class EgressProxy:
                 refusal.counted, n, gate.session_id, target[:300], refusal.status, refusal.reason,
             )  # fmt: skip
 
+    async def _moved(self, gate: Gate, n: int, out: bool) -> None:
+        """Count bytes moved for the session; its allowance and everyone's rate apply."""
+        if out:
+            gate.stats.bytes_out += n
+        else:
+            gate.stats.bytes_in += n
+        if gate.stats.bytes > self.limits.bytes_per_session:
+            log.info("egress: session %s used its byte allowance", gate.session_id)
+            raise OSError("byte allowance used")
+        await self.rate.take(n)
+
     async def _relay(
         self,
         req: Request,
@@ -355,6 +529,7 @@ class EgressProxy:
         writer: asyncio.StreamWriter,
         up_reader: asyncio.StreamReader,
         upstream: asyncio.StreamWriter,
+        markers: Sequence[bytes] = (),
     ) -> None:
         last = [time.monotonic()]
 
@@ -377,20 +552,18 @@ class EgressProxy:
                 last[0] = time.monotonic()
                 if left is not None:
                     left -= len(data)
-                if out:
-                    gate.stats.bytes_out += len(data)
-                else:
-                    gate.stats.bytes_in += len(data)
-                if gate.stats.bytes > self.limits.bytes_per_session:
-                    log.info("egress: session %s used its byte allowance", gate.session_id)
-                    raise OSError("byte allowance used")
-                await self.rate.take(len(data))
+                await self._moved(gate, len(data), out)
                 dst.write(data)
                 await dst.drain()
 
+        async def answer_back() -> None:
+            if markers:  # the answer's heads, with a credential's value cut out
+                await self._scrubbed_heads(gate, up_reader, writer, list(markers))
+            await pump(up_reader, writer, False, None)
+
         body = None if req.tunnel else req.body
         up = asyncio.create_task(pump(reader, upstream, True, body))
-        down = asyncio.create_task(pump(up_reader, writer, False, None))
+        down = asyncio.create_task(answer_back())
         try:
             # The sandbox may finish sending first (EOF passed on) and still read the answer;
             # once the upstream is done, or anything fails, the connection is over.
@@ -401,3 +574,41 @@ class EgressProxy:
             for t in (up, down):
                 t.cancel()
             await asyncio.gather(up, down, return_exceptions=True)
+
+    async def _scrubbed_heads(
+        self,
+        gate: Gate,
+        up_reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        markers: list[bytes],
+    ) -> None:
+        """Relay a plain answer's heads (any 1xx, then the final one) with `markers` cut out."""
+        while True:
+            async with asyncio.timeout(self.limits.idle_seconds):
+                head = await up_reader.readuntil(b"\r\n\r\n")
+            if len(head) > HEAD_LIMIT:
+                raise OSError("the answer's head is too large")
+            await self._moved(gate, len(head), False)
+            writer.write(scrub_head(head, markers))
+            await writer.drain()
+            status = head.split(b" ", 2)[1:2]
+            if not status or not status[0].startswith(b"1") or status[0] == b"101":
+                return
+
+
+def describe(gate: Gate) -> str:
+    """What the proxy tells a session of itself: its policy and where credentials are added
+    (destinations and header names only)."""
+    text = f"network policy: {gate.policy}"
+    added = [
+        f"{c.destination} ({'query parameter ' if c.kind == 'query' else ''}{', '.join(c.names)})"
+        for c in gate.credentials.listed()
+    ]
+    if added:
+        text += "\ncredentials the proxy adds: " + "; ".join(added)
+    return text
+
+
+def _printable(text: str) -> str:
+    """Text fit for a status line (OpenSSL's words): printable ASCII, bounded."""
+    return "".join(c if " " <= c <= "~" else "?" for c in text)[:200]

@@ -11,9 +11,10 @@ import asyncio
 import dataclasses
 import hashlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from ..egress.credentials import Credential, CredentialInfo
 from ..errors import SandbankError, SessionNotFound
 from ..protocol import codec
 from ..protocol.calls import Event, ExecResult, ToolCall
@@ -134,6 +135,21 @@ class FleetSandboxes:
     async def set_lifetime(self, session_id: str, tenant: str, seconds: int) -> SessionInfo:
         info = await self._on(session_id, tenant, lambda c, local: c.set_lifetime(local, seconds))
         return _public(info, session_id)
+
+    async def list_credentials(self, session_id: str, tenant: str) -> list[CredentialInfo]:
+        return await self._on(session_id, tenant, lambda c, local: c.list_credentials(local))
+
+    async def remove_credential(self, session_id: str, tenant: str, credential_id: str) -> None:
+        await self._on(
+            session_id, tenant, lambda c, local: c.remove_credential(local, credential_id)
+        )
+
+    async def replace_credentials(
+        self, session_id: str, tenant: str, credentials: Sequence[Credential]
+    ) -> list[CredentialInfo]:
+        return await self._on(
+            session_id, tenant, lambda c, local: c.replace_credentials(local, credentials)
+        )
 
     async def create_context(
         self, session_id: str, tenant: str, cwd: str | None = None

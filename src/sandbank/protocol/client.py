@@ -12,12 +12,13 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
 import httpx
 
+from ..egress.credentials import Credential, CredentialInfo
 from ..errors import (
     AtCapacity,
     PayloadTooLarge,
@@ -228,6 +229,21 @@ class ExecClient:
         return codec.decode_handle(
             await self._json("POST", self._on(session_id, "/lifetime"), body)
         )
+
+    async def list_credentials(self, session_id: str) -> list[CredentialInfo]:
+        found = await self._json("GET", self._on(session_id, "/credentials"))
+        return codec.decode_credentials(found)
+
+    async def remove_credential(self, session_id: str, credential_id: str) -> None:
+        target = self._on(session_id, f"/credentials/{quote(credential_id, safe='')}")
+        await self._json("DELETE", target)
+
+    async def replace_credentials(
+        self, session_id: str, credentials: Sequence[Credential]
+    ) -> list[CredentialInfo]:
+        body = {"credentials": [c.to_request() for c in credentials]}
+        found = await self._json("PUT", self._on(session_id, "/credentials"), body)
+        return codec.decode_credentials(found)
 
     async def create_context(self, session_id: str, cwd: str | None) -> ContextInfo:
         body = {} if cwd is None else {"cwd": cwd}

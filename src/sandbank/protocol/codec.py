@@ -14,6 +14,13 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
 
+from ..egress.credentials import (
+    Credential,
+    CredentialError,
+    CredentialInfo,
+    parse_credential,
+    parse_credentials,
+)
 from ..egress.policy import NetworkPolicy, PolicyError
 from ..errors import ProtocolError, UnknownTool, Unprocessable
 from ..media import media_type
@@ -107,6 +114,14 @@ def _network(value: Any) -> NetworkPolicy:
         raise ValueError(f".allow: {e}") from None
 
 
+def _credentials(value: Any) -> tuple[Credential, ...]:
+    """CreateSession's `credentials` (an addition): what the egress proxy adds to requests."""
+    try:
+        return parse_credentials(value, "session", where="", accept_id=True)
+    except CredentialError as e:
+        raise ValueError(str(e).removeprefix(" ")) from None
+
+
 def _object(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError("must be an object")
@@ -150,6 +165,8 @@ class CreateSessionBody(_Body):
     network: Annotated[NetworkPolicy, PlainValidator(_network)] | None = None
     labels: Annotated[dict[str, str], PlainValidator(_labels)] | None = None  # an addition
     envs: Annotated[dict[str, str], PlainValidator(_envs)] | None = None  # an addition
+    # an addition: a credential's values go to the egress proxy, never to the sandbox
+    credentials: Annotated[tuple[Credential, ...], PlainValidator(_credentials)] | None = None
 
 
 class ExecBody(_Body):
@@ -209,8 +226,9 @@ def _validated(model: type[_Body], data: Any, where: str = "") -> Any:
         if error["type"] == "missing":
             raise Unprocessable(f"{field} is required") from None
         cause = str(error.get("ctx", {}).get("error") or error["msg"])
-        # A message about a part of the field (".allow: ...") names that part.
-        raise Unprocessable(f"{field}{'' if cause.startswith('.') else ' '}{cause}") from None
+        # A message about a part of the field (".allow: ...", "[0].x ...") names that part.
+        joined = "" if cause.startswith((".", "[", ":")) else " "
+        raise Unprocessable(f"{field}{joined}{cause}") from None
 
 
 # --- requests ----------------------------------------------------------------------------------
@@ -225,7 +243,35 @@ def parse_create(body: Any) -> SessionSpec:
         network=parsed.network,
         labels=parsed.labels or {},
         envs=parsed.envs or {},
+        credentials=parsed.credentials or (),
     )
+
+
+def parse_credential_body(body: Any) -> Credential:
+    """A credential a tenant or user stores (`POST /credentials`); ids are the server's."""
+    try:
+        return parse_credential(body, "tenant")
+    except CredentialError as e:
+        raise Unprocessable(str(e)) from None
+
+
+def parse_credential_list(body: Any) -> tuple[Credential, ...]:
+    """`{"credentials": [...]}`: a session's credentials, replacing its own."""
+    if not isinstance(body, dict):
+        raise Unprocessable("the request body must be a JSON object")
+    try:
+        return parse_credentials(body.get("credentials"), "session", accept_id=True)
+    except CredentialError as e:
+        raise Unprocessable(str(e)) from None
+
+
+def encode_credentials(found: list[CredentialInfo]) -> dict[str, Any]:
+    return {"credentials": [c.to_json() for c in found]}
+
+
+def decode_credentials(body: Any) -> list[CredentialInfo]:
+    with malformed("the credentials listing"):
+        return [CredentialInfo.from_json(c) for c in body["credentials"]]
 
 
 class ExecRequest:
@@ -313,6 +359,8 @@ def encode_create(spec: SessionSpec) -> dict[str, Any]:
         body["labels"] = dict(spec.labels)
     if spec.envs:
         body["envs"] = dict(spec.envs)
+    if spec.credentials:  # their values: to the server that runs the sandbox, nowhere else
+        body["credentials"] = [c.to_request() for c in spec.credentials]
     return body
 
 
@@ -331,6 +379,7 @@ def encode_handle(info: SessionInfo) -> dict[str, Any]:
         "last_activity_at": info.last_activity_at,
         "network": network_hint(info.network),
         "labels": dict(info.labels),
+        "credentials": [c.to_json() for c in info.credentials],
     }
 
 
@@ -345,6 +394,7 @@ def decode_handle(body: Any) -> SessionInfo:
             last_activity_at=float(body.get("last_activity_at") or 0.0),
             network=_network(network) if network is not None else NetworkPolicy(),
             labels={str(k): str(v) for k, v in (body.get("labels") or {}).items()},
+            credentials=tuple(CredentialInfo.from_json(c) for c in body.get("credentials") or ()),
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
+from ..egress.credentials import Credential, CredentialInfo
 from ..egress.policy import NetworkPolicy
 
 # How a front names a session to a node (a client's header never passes a front).
@@ -25,6 +26,8 @@ class SessionSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     # Environment variables of every call and process of the session.
     envs: Mapping[str, str] = field(default_factory=dict)
+    # Added by the egress proxy to requests to their destinations; never in the sandbox.
+    credentials: tuple[Credential, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class SessionInfo:
     last_activity_at: float
     network: NetworkPolicy = field(default_factory=NetworkPolicy)
     labels: Mapping[str, str] = field(default_factory=dict)
+    credentials: tuple[CredentialInfo, ...] = ()  # the session's own, listed without values
 
     @property
     def expires_at(self) -> float:

@@ -1,14 +1,26 @@
-"""The operator's egress settings for sandboxes, read once: the policies and the proxy."""
+"""The operator's egress settings for sandboxes, read once: the policies, the credentials and
+the proxy."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..config import Settings
+from ..egress.credentials import (
+    Applicable,
+    Chain,
+    CredentialError,
+    CredentialSet,
+    Listed,
+    load_operator_file,
+)
 from ..egress.limits import EgressLimits
 from ..egress.policy import NetworkPolicy
 from ..egress.proxy import EgressProxy
 from ..egress.resolver import FixedResolver, Resolver, SystemResolver
+from ..egress.sealing import Sealer
+from ..egress.vault import FILE_NAME, Vault
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -51,4 +63,40 @@ def build_proxy(settings: Settings, config: EgressConfig) -> EgressProxy | None:
         bytes_per_session=settings.egress_bytes_per_session,
         rate_bytes=settings.egress_rate_bytes,
     )
-    return EgressProxy(config.default.union(config.ceiling), limits, resolver)
+    return EgressProxy(
+        config.default.union(config.ceiling),
+        limits,
+        resolver,
+        data_dir=settings.data_dir,
+        extra_ca_file=settings.extra_ca_file,
+    )
+
+
+class CredentialBook:
+    """The credentials this server's sessions may get, besides their own: the operator's file
+    and, with a key to seal them, what tenants store (`vault`)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.file = settings.egress_credentials_file
+        self.operator = Listed(())
+        sealer = Sealer.from_setting(settings.credentials_key.get_secret_value())
+        path = settings.data_dir / "egress" / FILE_NAME
+        self.vault: Vault | None = Vault(path, sealer) if sealer is not None else None
+
+    def load(self) -> None:
+        """At start: the operator's file (`ConfigError` naming what is wrong), the vault."""
+        if self.file is not None:
+            try:
+                self.operator = Listed(load_operator_file(self.file))
+            except CredentialError as e:
+                raise ConfigError(f"SANDBANK_EGRESS_CREDENTIALS_FILE: {e}") from None
+        if self.vault is not None:
+            self.vault.load()
+
+    def chain(self, tenant: str, own: CredentialSet) -> Applicable:
+        """A session's credentials: its own first, then its tenant's, then the operator's."""
+        links: list[Applicable] = [own]
+        if self.vault is not None:
+            links.append(self.vault.of(tenant))
+        links.append(self.operator)
+        return Chain(*links)

@@ -14,10 +14,11 @@ import math
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from ..config import Settings
+from ..egress.credentials import Credential, CredentialInfo, CredentialSet
 from ..errors import AtCapacity, NotFound, SessionNotFound, TenantShareReached
 from ..protocol.calls import (
     RC_KILLED,
@@ -38,7 +39,7 @@ from ..protocol.sessions import Download, FileEntry, FormPart, SessionInfo, Sess
 from . import files
 from .backends import backend_for
 from .backends.base import Backend
-from .egress import EgressConfig
+from .egress import CredentialBook, EgressConfig
 from .host.tree import Tree
 from .host.workspace import SANDBOX_ROOT, split
 from .pool import WarmPool
@@ -107,6 +108,7 @@ class LocalSandboxes:
         self.backend = backend or backend_for(settings)
         self.hooks: Hooks = hooks or NoHooks()
         self.egress = EgressConfig.from_settings(settings)
+        self.credentials = CredentialBook(settings)  # the operator's and the tenants'
         self.pool = WarmPool(self.backend, settings.pool_size, settings.pool_preimport)
         self._sessions: dict[str, ExecSession] = {}
         self._named: dict[tuple[str, str], str] = {}  # (tenant, name) -> session id
@@ -128,6 +130,7 @@ class LocalSandboxes:
 
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
+        self.credentials.load()
         self.backend.check()
         await self.backend.prepare()
         self.pool.start()
@@ -223,9 +226,11 @@ class LocalSandboxes:
             network=self.egress.effective(spec.network),
             labels=dict(spec.labels),
             envs=dict(spec.envs),
+            credentials=CredentialSet(spec.credentials),
         )
         if self.backend.egress_proxy is not None:
-            self.backend.egress_proxy.lease(sandbox.id, session.id, session.network)
+            applicable = self.credentials.chain(tenant, session.credentials)
+            self.backend.egress_proxy.lease(sandbox.id, session.id, session.network, applicable)
         self._sessions[session.id] = session
         return session
 
@@ -393,6 +398,23 @@ class LocalSandboxes:
         wanted = math.ceil(lived + max(0, seconds))
         session.max_lifetime = max(1, min(wanted, self.settings.max_lifetime_max))
         return session.info()
+
+    # --- the session's own credentials (the proxy reads them on each request) ------------
+    async def list_credentials(self, session_id: str, tenant: str) -> list[CredentialInfo]:
+        return [c.info() for c in self.session(session_id, tenant).credentials.listed()]
+
+    async def remove_credential(self, session_id: str, tenant: str, credential_id: str) -> None:
+        session = self.session(session_id, tenant)
+        if not session.credentials.remove(credential_id):
+            raise NotFound(f"no credential {credential_id[:80]!r} in this session")
+        log.info("session %s: credential %s deleted", session_id[:14], credential_id[:80])
+
+    async def replace_credentials(
+        self, session_id: str, tenant: str, credentials: Sequence[Credential]
+    ) -> list[CredentialInfo]:
+        session = self.session(session_id, tenant)
+        session.credentials.replace(credentials)
+        return [c.info() for c in session.credentials.listed()]
 
     # --- Python contexts ---------------------------------------------------------------
     async def create_context(

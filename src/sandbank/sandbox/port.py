@@ -9,10 +9,11 @@ not exist for a caller. Every method raises `SessionNotFound` for an unknown ses
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
+from ..egress.credentials import Credential, CredentialInfo
 from ..errors import PayloadTooLarge, SessionNotFound
 from ..protocol.calls import Event, ExecResult, ToolCall
 from ..protocol.filesystem import FsChange, FsEntry
@@ -109,6 +110,19 @@ class Sandboxes(Protocol):
     async def set_lifetime(self, session_id: str, tenant: str, seconds: int) -> SessionInfo:
         """End the session `seconds` from now (sooner or later than before), within the
         operator's ceiling on lifetimes."""
+        ...
+
+    # --- the session's own credentials (added by the egress proxy, never in the sandbox) -----
+    async def list_credentials(self, session_id: str, tenant: str) -> list[CredentialInfo]: ...
+
+    async def remove_credential(self, session_id: str, tenant: str, credential_id: str) -> None:
+        """Stop adding it (from the session's next request on); `NotFound` for an unknown one."""
+        ...
+
+    async def replace_credentials(
+        self, session_id: str, tenant: str, credentials: Sequence[Credential]
+    ) -> list[CredentialInfo]:
+        """The session's own credentials become these."""
         ...
 
     # --- Python contexts: namespaces of their own beside the session's main one ---------------

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import logging
 import shlex
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import TypeVar
 
 import httpx
 
 from ..config import Settings
+from ..egress.credentials import Credential, CredentialInfo
 from ..errors import SandboxError
 from ..protocol.calls import BashCall, Event, ExecResult, ToolCall
 from ..protocol.client import ExecClient, HttpxTransport
@@ -139,6 +140,17 @@ class RemoteSandboxes:
 
     async def set_lifetime(self, session_id: str, tenant: str, seconds: int) -> SessionInfo:
         return await self._guard(self.client.set_lifetime(session_id, seconds))
+
+    async def list_credentials(self, session_id: str, tenant: str) -> list[CredentialInfo]:
+        return await self._guard(self.client.list_credentials(session_id))
+
+    async def remove_credential(self, session_id: str, tenant: str, credential_id: str) -> None:
+        await self._guard(self.client.remove_credential(session_id, credential_id))
+
+    async def replace_credentials(
+        self, session_id: str, tenant: str, credentials: Sequence[Credential]
+    ) -> list[CredentialInfo]:
+        return await self._guard(self.client.replace_credentials(session_id, credentials))
 
     async def create_context(
         self, session_id: str, tenant: str, cwd: str | None = None

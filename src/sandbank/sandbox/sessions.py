@@ -19,6 +19,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from ..config import Settings, parse_tenant_limits
+from ..egress.credentials import CredentialSet
 from ..egress.policy import NetworkPolicy
 from ..errors import AtCapacity, TenantShareReached
 from ..protocol.filesystem import FsChange
@@ -41,6 +42,7 @@ class ExecSession:
     last_activity_at: float = field(default_factory=time.time)
     inflight: int = 0
     network: NetworkPolicy = field(default_factory=NetworkPolicy)  # what its code may reach
+    credentials: CredentialSet = field(default_factory=CredentialSet)  # its own (the proxy adds)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # FIFO: calls run in arrival order
     open_files: set[OpenFile] = field(default_factory=set)  # closed when the session goes
     labels: dict[str, str] = field(default_factory=dict)  # a door's notes (E2B's metadata)
@@ -75,6 +77,7 @@ class ExecSession:
             last_activity_at=self.last_activity_at,
             network=self.network,
             labels=dict(self.labels),
+            credentials=tuple(c.info() for c in self.credentials.listed()),
         )
 
 

@@ -154,7 +154,9 @@ class IsolatedHost:
                         f"reach {target}: move it or `chmod o+x {parent}`"
                     )
         self.seccomp = build_filter()
-        self.trust_store = trust.prepare(self.settings)  # the sandboxes' CA bundle
+        # The sandboxes' CA bundle, with the deployment CA of credentials when there is egress.
+        roots = self.egress_proxy.roots() if self.egress_proxy is not None else []
+        self.trust_store = trust.prepare(self.settings, roots)
         s = self.settings
         self.uids = UidAllocator(s.uid_lock_dir, s.uid_base, s.uid_count)
 
