@@ -20,6 +20,12 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.server.heads.append(str(self.headers))
         url = urlsplit(self.path)
+        if url.path in self.server.redirects:
+            self.send_response(302)
+            self.send_header("Location", self.server.redirects[url.path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if url.path in self.server.files:
             body = self.server.files[url.path]
         elif url.path == "/big":
@@ -57,6 +63,7 @@ class Upstream(ThreadingHTTPServer):
         self.connections = 0
         self.heads: list[str] = []
         self.files: dict[str, bytes] = {}
+        self.redirects: dict[str, str] = {}  # path -> Location of a 302
         self.thread = threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True)
 
     @property
