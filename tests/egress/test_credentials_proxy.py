@@ -133,9 +133,7 @@ async def rigged(
 
 
 @pytest.fixture
-async def rig(
-    tmp_path: Path, upstreams: tuple[Upstream, Upstream, Path]
-) -> AsyncIterator[Rig]:
+async def rig(tmp_path: Path, upstreams: tuple[Upstream, Upstream, Path]) -> AsyncIterator[Rig]:
     tls, web, ca_file = upstreams
     operator = [
         {"id": "bearer", "destination": f"secure.test:{tls.port}",
@@ -150,7 +148,9 @@ async def rig(
 
 
 def get(name: str, path: str = "/", *extra: str) -> str:
-    return "".join([f"GET {path} HTTP/1.1\r\nHost: {name}\r\n", *(e + "\r\n" for e in extra), "\r\n"])
+    return "".join(
+        [f"GET {path} HTTP/1.1\r\nHost: {name}\r\n", *(e + "\r\n" for e in extra), "\r\n"]
+    )
 
 
 async def test_https_to_a_destination_with_a_credential_carries_it_replacing_the_sandboxs(
@@ -233,7 +233,7 @@ async def test_the_policy_page_names_destinations_and_headers_never_values(rig: 
 async def test_a_credential_removed_mid_connection_is_not_added_to_the_next_request(
     rig: Rig, upstreams: tuple[Upstream, Upstream, Path]
 ) -> None:
-    tls, web, ca_file = upstreams
+    tls, _, _ = upstreams
     (own,) = parse_credentials(
         [{"id": "mine", "destination": f"other.secure.test:{tls.port}",
           "basic": {"username": "u", "password": TOKEN}}],
