@@ -36,6 +36,12 @@ class BesideApi:
             ("/sessions", "GET", self.list_sessions),
             (on, "GET", self.get_session),
             (f"{on}/lifetime", "POST", self.set_lifetime),
+            (f"{on}/credentials", "GET", self.list_session_credentials),
+            (f"{on}/credentials", "PUT", self.replace_session_credentials),
+            (f"{on}/credentials/{{credential_id}}", "DELETE", self.remove_session_credential),
+            ("/credentials", "GET", self.list_stored_credentials),
+            ("/credentials", "POST", self.store_credential),
+            ("/credentials/{credential_id}", "DELETE", self.delete_stored_credential),
             (f"{on}/contexts", "POST", self.create_context),
             (f"{on}/contexts", "GET", self.list_contexts),
             (f"{on}/contexts/{{context_id}}", "DELETE", self.remove_context),
@@ -82,6 +88,40 @@ class BesideApi:
         seconds = additions.positive(body.get("seconds"), "seconds")
         info = await self.sandboxes.set_lifetime(*self._caller(request), seconds)
         return JSONResponse(codec.encode_handle(info))
+
+    # --- credentials (their values go to the egress proxy; only their listings come back) ------
+    async def list_session_credentials(self, request: Request) -> Response:
+        found = await self.sandboxes.list_credentials(*self._caller(request))
+        return JSONResponse(codec.encode_credentials(found))
+
+    async def replace_session_credentials(self, request: Request) -> Response:
+        session_id, tenant = self._caller(request)
+        await self.sandboxes.get(session_id, tenant)  # 404 before reading the body
+        credentials = codec.parse_credential_list(await json_body(request))
+        found = await self.sandboxes.replace_credentials(session_id, tenant, credentials)
+        return JSONResponse(codec.encode_credentials(found))
+
+    async def remove_session_credential(self, request: Request) -> Response:
+        credential_id = request.path_params["credential_id"]
+        await self.sandboxes.remove_credential(*self._caller(request), credential_id)
+        return Response(status_code=204)
+
+    async def list_stored_credentials(self, request: Request) -> Response:
+        tenant = self.auth.tenant(request.headers.get("authorization"))
+        found = await self.sandboxes.list_stored_credentials(tenant)
+        return JSONResponse(codec.encode_credentials(found))
+
+    async def store_credential(self, request: Request) -> Response:
+        tenant = self.auth.tenant(request.headers.get("authorization"))
+        credential = codec.parse_credential_body(await json_body(request))
+        stored = await self.sandboxes.store_credential(tenant, credential)
+        return JSONResponse(stored.to_json(), status_code=201)
+
+    async def delete_stored_credential(self, request: Request) -> Response:
+        tenant = self.auth.tenant(request.headers.get("authorization"))
+        credential_id = request.path_params["credential_id"]
+        await self.sandboxes.delete_stored_credential(tenant, credential_id)
+        return Response(status_code=204)
 
     # --- contexts ------------------------------------------------------------------------------
     async def create_context(self, request: Request) -> Response:

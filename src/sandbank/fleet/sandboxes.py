@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from ..egress.credentials import Credential, CredentialInfo
-from ..errors import SandbankError, SessionNotFound
+from ..errors import Conflict, SandbankError, SessionNotFound
 from ..protocol import codec
 from ..protocol.calls import Event, ExecResult, ToolCall
 from ..protocol.client import JSON, Body, ExecClient, error_of
@@ -37,6 +37,10 @@ T = TypeVar("T")
 # Nodes know no tenants (the fronts' ids do): a session's tenant is kept with it as this label,
 # so that a front can list a tenant's sessions.
 TENANT_LABEL = "sandbank.fleet.tenant"
+STORED_ON_NODES = (
+    "a fleet's front stores no credentials: store them on each node (POST /credentials there), "
+    "or give a session its own at CreateSession"
+)
 
 
 class MemberTransport:
@@ -150,6 +154,17 @@ class FleetSandboxes:
         return await self._on(
             session_id, tenant, lambda c, local: c.replace_credentials(local, credentials)
         )
+
+    # A tenant's stored credentials live on each node (its data directory, its key): a front
+    # does not keep them. A session's own credentials (CreateSession) go to its node.
+    async def store_credential(self, tenant: str, credential: Credential) -> CredentialInfo:
+        raise Conflict(STORED_ON_NODES)
+
+    async def list_stored_credentials(self, tenant: str) -> list[CredentialInfo]:
+        raise Conflict(STORED_ON_NODES)
+
+    async def delete_stored_credential(self, tenant: str, credential_id: str) -> None:
+        raise Conflict(STORED_ON_NODES)
 
     async def create_context(
         self, session_id: str, tenant: str, cwd: str | None = None

@@ -245,6 +245,17 @@ class ExecClient:
         found = await self._json("PUT", self._on(session_id, "/credentials"), body)
         return codec.decode_credentials(found)
 
+    async def store_credential(self, credential: Credential) -> CredentialInfo:
+        body = credential.to_request()
+        del body["id"]  # the storing server names it
+        return CredentialInfo.from_json(await self._json("POST", "/credentials", body))
+
+    async def list_stored_credentials(self) -> list[CredentialInfo]:
+        return codec.decode_credentials(await self._json("GET", "/credentials"))
+
+    async def delete_stored_credential(self, credential_id: str) -> None:
+        await self._json("DELETE", f"/credentials/{quote(credential_id, safe='')}")
+
     async def create_context(self, session_id: str, cwd: str | None) -> ContextInfo:
         body = {} if cwd is None else {"cwd": cwd}
         found = await self._json("POST", self._on(session_id, "/contexts"), body)

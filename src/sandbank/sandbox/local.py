@@ -19,7 +19,8 @@ from typing import Protocol
 
 from ..config import Settings
 from ..egress.credentials import Credential, CredentialInfo, CredentialSet
-from ..errors import AtCapacity, NotFound, SessionNotFound, TenantShareReached
+from ..egress.vault import Vault
+from ..errors import AtCapacity, Conflict, NotFound, SessionNotFound, TenantShareReached
 from ..protocol.calls import (
     RC_KILLED,
     RC_TIMEOUT,
@@ -415,6 +416,26 @@ class LocalSandboxes:
         session = self.session(session_id, tenant)
         session.credentials.replace(credentials)
         return [c.info() for c in session.credentials.listed()]
+
+    def _vault(self) -> Vault:
+        if self.credentials.vault is None:
+            raise Conflict(
+                "this server stores no credentials: its operator has not set "
+                "SANDBANK_CREDENTIALS_KEY (a session's own, given at CreateSession, still work)"
+            )
+        return self.credentials.vault
+
+    async def store_credential(self, tenant: str, credential: Credential) -> CredentialInfo:
+        vault = self._vault()
+        stored = await asyncio.to_thread(vault.add, tenant, credential)
+        return stored.info()
+
+    async def list_stored_credentials(self, tenant: str) -> list[CredentialInfo]:
+        return [c.info() for c in self._vault().list(tenant)]
+
+    async def delete_stored_credential(self, tenant: str, credential_id: str) -> None:
+        if not await asyncio.to_thread(self._vault().remove, tenant, credential_id):
+            raise NotFound(f"no stored credential {credential_id[:80]!r}")
 
     # --- Python contexts ---------------------------------------------------------------
     async def create_context(

@@ -125,6 +125,17 @@ class Sandboxes(Protocol):
         """The session's own credentials become these."""
         ...
 
+    # --- the tenant's stored credentials (every session of the tenant gets them) -------------
+    async def store_credential(self, tenant: str, credential: Credential) -> CredentialInfo:
+        """Kept sealed at rest; `Conflict` when the operator set no key to seal them."""
+        ...
+
+    async def list_stored_credentials(self, tenant: str) -> list[CredentialInfo]: ...
+
+    async def delete_stored_credential(self, tenant: str, credential_id: str) -> None:
+        """Stop adding it (from each session's next request on); `NotFound` if unknown."""
+        ...
+
     # --- Python contexts: namespaces of their own beside the session's main one ---------------
     async def create_context(
         self, session_id: str, tenant: str, cwd: str | None = None

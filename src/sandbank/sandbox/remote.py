@@ -152,6 +152,15 @@ class RemoteSandboxes:
     ) -> list[CredentialInfo]:
         return await self._guard(self.client.replace_credentials(session_id, credentials))
 
+    async def store_credential(self, tenant: str, credential: Credential) -> CredentialInfo:
+        return await self._guard(self.client.store_credential(credential))
+
+    async def list_stored_credentials(self, tenant: str) -> list[CredentialInfo]:
+        return await self._guard(self.client.list_stored_credentials())
+
+    async def delete_stored_credential(self, tenant: str, credential_id: str) -> None:
+        await self._guard(self.client.delete_stored_credential(credential_id))
+
     async def create_context(
         self, session_id: str, tenant: str, cwd: str | None = None
     ) -> ContextInfo:
