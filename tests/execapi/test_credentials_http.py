@@ -66,7 +66,7 @@ def test_a_sessions_own_credentials_are_listed_in_its_handle_and_deleted(
     handle = http.get(f"/sessions/{sid}", headers=auth(ALICE))
     assert SECRET not in handle.text
     shown = handle.json()["credentials"]
-    assert [(c["id"], c["kind"]) for c in shown][0] == ("pypi", "basic")
+    assert (shown[0]["id"], shown[0]["kind"]) == ("pypi", "basic")
     assert shown[1]["query"] == "key" and shown[1]["id"].startswith("cred_")
     assert http.get(f"/sessions/{sid}/credentials", headers=auth(BOB)).status_code == 404
 
