@@ -135,7 +135,7 @@ async def rigged(
 @pytest.fixture
 async def rig(tmp_path: Path, upstreams: tuple[Upstream, Upstream, Path]) -> AsyncIterator[Rig]:
     tls, web, ca_file = upstreams
-    operator = [
+    operator: list[dict[str, object]] = [
         {"id": "bearer", "destination": f"secure.test:{tls.port}",
          "headers": {"Authorization": f"Bearer {TOKEN}", "X-Team": "blue"}},
         {"id": "keyed", "destination": f"allowed.test:{web.port}",
