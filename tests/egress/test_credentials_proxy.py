@@ -326,3 +326,6 @@ def test_stored_credentials_are_sealed_and_bound_to_their_owner(tmp_path: Path) 
     assert vault.remove("alice", c.id) and vault.find("alice", "api.example.com", 443) is None
     with pytest.raises(ValueError, match="key #1"):
         parse_keys("short")
+    path.write_text('{"credentials": [{"id": 1}]}')
+    with pytest.raises(CredentialError, match="not a file of stored credentials"):
+        Vault(path, Sealer(parse_keys(KEY))).load()

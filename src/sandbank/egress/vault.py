@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 from ..errors import QuotaExceeded
-from .credentials import MAX_PER_OWNER, Credential, best
+from .credentials import MAX_PER_OWNER, Credential, CredentialError, best
 from .sealing import SealedCredential, Sealer, SealError, seal, unseal
 
 log = logging.getLogger(__name__)
@@ -34,21 +34,30 @@ class Vault:
         self._lock = threading.Lock()  # writes come from threads (the file is rewritten)
 
     def load(self) -> None:
-        """Read the file; a record that does not open is kept, skipped and named in the log."""
+        """Read the file; a record that does not open is kept, skipped and named in the log.
+        `CredentialError` when the file is not one of stored credentials."""
         try:
             raw = json.loads(self.path.read_text())
+            records = [
+                SealedCredential(
+                    id=str(item["id"]),
+                    owner=str(item["owner"]),
+                    destination=str(item["destination"]),
+                    kind=item["kind"],
+                    names=tuple(str(n) for n in item["names"]),
+                    created_at=float(item["created_at"]),
+                    sealed=str(item["sealed"]),
+                )
+                for item in raw["credentials"]
+            ]
         except FileNotFoundError:
             return
-        for item in raw.get("credentials", []):
-            record = SealedCredential(
-                id=item["id"],
-                owner=item["owner"],
-                destination=item["destination"],
-                kind=item["kind"],
-                names=tuple(item["names"]),
-                created_at=float(item["created_at"]),
-                sealed=item["sealed"],
-            )
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CredentialError(
+                f"{self.path} is not a file of stored credentials ({type(e).__name__}): move it "
+                "away to start with none"
+            ) from None
+        for record in records:
             self._records[record.id] = record
             try:
                 opened = unseal(self.sealer, record, "tenant")

@@ -91,7 +91,10 @@ class CredentialBook:
             except CredentialError as e:
                 raise ConfigError(f"SANDBANK_EGRESS_CREDENTIALS_FILE: {e}") from None
         if self.vault is not None:
-            self.vault.load()
+            try:
+                self.vault.load()
+            except CredentialError as e:
+                raise ConfigError(str(e)) from None
 
     def chain(self, tenant: str, own: CredentialSet) -> Applicable:
         """A session's credentials: its own first, then its tenant's, then the operator's."""
