@@ -10,6 +10,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from sandbank.egress.credentials import CredentialSet
+from sandbank.interpreter.runs import owner_of
 from tests.fakeapp import FakeApp
 
 ALICE, BOB = "alice-tenant-token-1", "bob-tenant-token-2"
@@ -112,3 +114,31 @@ def test_without_the_operators_key_nothing_is_stored_but_sessions_still_take_the
         assert SECRET not in r.text
         r = http.post("/sessions", json={"credentials": [body]})
         assert r.status_code == 201 and len(r.json()["credentials"]) == 1
+
+
+def test_a_user_of_the_interpreter_api_stores_credentials_their_sandboxes_get(
+    app: tuple[FakeApp, httpx.Client],
+) -> None:
+    fake, _ = app
+    name, key = fake.new_user()
+    other_name, other_key = fake.new_user()
+    body = {"destination": "api.example.com:443", "headers": {"X-Key": SECRET}}
+    with fake.client(headers={"Authorization": f"Bearer {key}"}) as user:
+        r = user.post("/api/credentials", json=body)
+        assert r.status_code == 200 and SECRET not in r.text, r.text
+        stored = r.json()
+        assert stored["headers"] == ["X-Key"] and stored["scope"] == "user"
+        assert user.get("/api/credentials").json()["credentials"][0]["id"] == stored["id"]
+        bad = user.post("/api/credentials", json={**body, "destination": "1.2.3.4:443"})
+        assert bad.status_code == 400 and SECRET not in bad.text, bad.text
+        found = [fake.call(fake.store.accounts.get_user, n) for n in (name, other_name)]
+        user_id, other_id = (u.id for u in found if u is not None)
+        # The sandboxes the interpreter leases for this user (owner_of) get it; another's not.
+        book = fake.sandboxes.credentials
+        assert book.chain(owner_of(user_id), CredentialSet()).find("api.example.com", 443)
+        assert book.chain(owner_of(other_id), CredentialSet()).find("api.example.com", 443) is None
+        with fake.client(headers={"Authorization": f"Bearer {other_key}"}) as other:
+            assert other.get("/api/credentials").json() == {"credentials": []}
+            assert other.delete(f"/api/credentials/{stored['id']}").status_code == 404
+        assert user.delete(f"/api/credentials/{stored['id']}").status_code == 200
+        assert book.chain(owner_of(user_id), CredentialSet()).find("api.example.com", 443) is None

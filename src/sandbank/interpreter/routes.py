@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ from sandbank.interpreter.service import InterpreterService
 from sandbank.store import User
 
 MAX_MESSAGE_BODY_SLACK = 4096  # JSON syntax and a `role` beside the content
+MAX_CREDENTIAL_BODY = 64 * 1024
 INCLUDE_MESSAGES = "include_messages_from"  # GetSession's addition, read by the spec's web client
 
 
@@ -53,6 +55,9 @@ class InterpreterApi:
             ("/sessions/{session_id}/files/download", self.download_url, "GET"),
             ("/uploads", self.receive_upload, "POST"),
             ("/downloads", self.serve_download, "GET"),
+            ("/credentials", self.list_credentials, "GET"),
+            ("/credentials", self.store_credential, "POST"),
+            ("/credentials/{credential_id}", self.delete_credential, "DELETE"),
             ("/openapi.json", self.openapi, "GET"),
         ]
         return grouped_routes([(path, method, fn) for path, fn, method in r])
@@ -66,6 +71,26 @@ class InterpreterApi:
 
     async def _service(self) -> InterpreterService:
         return self.service
+
+    # --- credentials (listed without their values) -----------------------------------------------
+    async def list_credentials(self, request: Request) -> Response:
+        service, user = await self._caller(request)
+        found = await service.list_credentials(user)
+        return JSONResponse({"credentials": [c.to_json() for c in found]})
+
+    async def store_credential(self, request: Request) -> Response:
+        service, user = await self._caller(request)
+        raw = await read_body(request, MAX_CREDENTIAL_BODY, BadRequest)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise BadRequest("the request body must be a JSON object (a credential)") from None
+        return JSONResponse((await service.store_credential(user, body)).to_json())
+
+    async def delete_credential(self, request: Request) -> Response:
+        service, user = await self._caller(request)
+        await service.delete_credential(user, request.path_params["credential_id"])
+        return JSONResponse({})
 
     # --- sessions ------------------------------------------------------------------------------
     async def create_session(self, request: Request) -> Response:

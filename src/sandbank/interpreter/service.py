@@ -7,9 +7,12 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from sandbank.config import Settings
+from sandbank.egress.credentials import CredentialError, CredentialInfo, parse_credential
 from sandbank.errors import (
+    BadRequest,
     Forbidden,
     QuotaExceeded,
     RunInProgress,
@@ -19,7 +22,7 @@ from sandbank.errors import (
 from sandbank.files import PresignedPost
 from sandbank.interpreter.events import Event, StreamSlots, follow
 from sandbank.interpreter.files import SessionFiles
-from sandbank.interpreter.runs import Runs
+from sandbank.interpreter.runs import Runs, owner_of
 from sandbank.store import ChatSession, FileRecord, Message, Store, User
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,20 @@ class InterpreterService:
         if session.user_id != user.id:
             raise Forbidden("this session belongs to another user")
         return session
+
+    # --- credentials: what the egress proxy adds to the requests of the user's sandboxes ------
+    async def store_credential(self, user: User, body: Any) -> CredentialInfo:
+        try:
+            credential = parse_credential(body, "user")
+        except CredentialError as e:
+            raise BadRequest(str(e)) from None
+        return await self.runs.sandboxes.store_credential(owner_of(user.id), credential)
+
+    async def list_credentials(self, user: User) -> list[CredentialInfo]:
+        return await self.runs.sandboxes.list_stored_credentials(owner_of(user.id))
+
+    async def delete_credential(self, user: User, credential_id: str) -> None:
+        await self.runs.sandboxes.delete_stored_credential(owner_of(user.id), credential_id)
 
     # --- sessions ------------------------------------------------------------------------------
     async def create_session(self, user: User) -> ChatSession:
