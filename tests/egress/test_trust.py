@@ -87,10 +87,15 @@ async def test_the_store_holds_the_systems_cas_and_the_operators_at_the_usual_pa
         count, paths, in_file = r.stdout.splitlines()
         system = trust.SYSTEM_BUNDLE.read_text().count("BEGIN CERTIFICATE")
         assert system > 100  # Debian's bundle
-        assert int(in_file) == system + 1 and int(count) >= system, r
+        # the system's, the operator's and the deployment CA of credentials (egress is on)
+        assert int(in_file) == system + 2 and int(count) >= system, r
         bundle = "/etc/ssl/certs/ca-certificates.crt"
         assert paths == f"{{'{bundle}'}} {bundle}", r
-        assert world.ca_pem.strip() in (await sb.sh(f"cat {bundle}")).stdout
+        inside = (await sb.sh(f"cat {bundle}")).stdout
+        assert world.ca_pem.strip() in inside
+        assert runtime.backend.egress_proxy is not None
+        (deployment,) = runtime.backend.egress_proxy.roots()
+        assert deployment.decode().strip() in inside
         r = await sb.sh(f"echo x >> {bundle} || echo refused")
         assert "refused" in r.stdout, r  # read-only for sandboxed code
     finally:
