@@ -18,6 +18,7 @@ from sandbank.egress.credentials import parse_credential, parse_credentials
 from sandbank.egress.policy import NetworkPolicy
 from sandbank.protocol.calls import BashCall, PythonCall
 from sandbank.protocol.sessions import SessionSpec
+from sandbank.sandbox.host import disk
 from sandbank.sandbox.local import LocalSandboxes
 from tests.egress.conftest import PACKAGE
 from tests.egress.upstream import Upstream, make_ca, make_wheel, serve_index
@@ -87,10 +88,13 @@ async def runtime(
             )
         )
         await rt.start()
+        store = rt.backend.host.trust_store  # type: ignore[attr-defined]
         try:
             yield rt
         finally:
             await rt.close()
+        # The store holding this deployment's CA is its alone: it goes with the server.
+        assert store is not None and str(store) not in disk.mounts_under(store.parent)
 
 
 async def test_curl_requests_httpx_urllib_and_pip_arrive_with_the_credential(

@@ -19,7 +19,7 @@ from pathlib import Path
 from ... import capacity
 from ...config import Settings
 from ...egress.proxy import EgressProxy
-from ...errors import IsolationUnavailable
+from ...errors import IsolationUnavailable, SandboxError
 from ..channel import WorkerProcess
 from ..egress import EgressConfig, build_proxy
 from ..limits import Limits
@@ -134,6 +134,7 @@ class IsolatedHost:
             settings, EgressConfig.from_settings(settings)
         )
         self._open: set[str] = set()  # sandboxes made and not yet given back
+        self._own_store = False
         self.instance_lock = InstanceLock(settings.uid_lock_dir, instance)
 
     def check(self) -> None:
@@ -157,6 +158,9 @@ class IsolatedHost:
         # The sandboxes' CA bundle, with the deployment CA of credentials when there is egress.
         roots = self.egress_proxy.roots() if self.egress_proxy is not None else []
         self.trust_store = trust.prepare(self.settings, roots)
+        # A store holding this deployment's CA is this data directory's alone (one server per
+        # data directory): unmounted at close; a restart after a kill mounts the same again.
+        self._own_store = bool(roots)
         s = self.settings
         self.uids = UidAllocator(s.uid_lock_dir, s.uid_base, s.uid_count)
 
@@ -238,6 +242,10 @@ class IsolatedHost:
         reap_orphans(WorkerProcess.spawned)
         await asyncio.to_thread(self._remove_unowned)  # nothing outlives the server's shutdown
         cgroups.remove_instance_dirs(self.instance)
+        if self._own_store and self.trust_store is not None:
+            with contextlib.suppress(SandboxError, OSError):
+                disk.unmount(str(self.trust_store), lazy=True)
+                self.trust_store.rmdir()
         with contextlib.suppress(OSError):
             (self.instance_lock.dir / self.instance).unlink()  # still ours: nobody can take it
         self.instance_lock.release()
