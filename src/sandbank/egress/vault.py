@@ -30,7 +30,8 @@ class Vault:
         self.path = path
         self.sealer = sealer
         self._records: dict[str, SealedCredential] = {}  # by id
-        self._open: dict[str, dict[str, Credential]] = {}  # by owner, then id
+        # By owner, then id; an owner's dict is replaced whole on each change, never changed.
+        self._open: dict[str, dict[str, Credential]] = {}
         self._lock = threading.Lock()  # writes come from threads (the file is rewritten)
 
     def load(self) -> None:
@@ -68,7 +69,7 @@ class Vault:
 
     def add(self, owner: str, credential: Credential) -> Credential:
         with self._lock:
-            mine = self._open.setdefault(owner, {})
+            mine = self._open.get(owner, {})
             if len(mine) >= MAX_PER_OWNER:
                 raise QuotaExceeded(
                     f"this client has {MAX_PER_OWNER} stored credentials, the most allowed: "
@@ -81,7 +82,9 @@ class Vault:
             except BaseException:
                 del self._records[record.id]
                 raise
-            mine[credential.id] = credential
+            # A new dict, never one changed in place: the proxy reads these on the event loop
+            # while writes come from a thread.
+            self._open[owner] = {**mine, credential.id: credential}
         log.info("stored credential %s for %s", credential.id, credential.destination)
         return credential
 
@@ -94,7 +97,8 @@ class Vault:
             if record is None or record.owner != owner:
                 return False
             # Out of use first: the next request goes without it even if the write fails.
-            self._open.get(owner, {}).pop(credential_id, None)
+            mine = self._open.get(owner, {})
+            self._open[owner] = {k: c for k, c in mine.items() if k != credential_id}
             del self._records[credential_id]
             self._write()
         log.info("deleted credential %s", credential_id)
