@@ -27,7 +27,8 @@ from pathlib import Path
 from capacity import mem_available, pct  # bench/, beside this script
 from sandbank.config import Settings
 from sandbank.protocol.calls import PythonCall
-from sandbank.sandbox.backends.bwrap import BwrapSandbox
+from sandbank.sandbox.host.cgroups import Cgroup
+from sandbank.sandbox.host.slot import IsolatedBox
 from sandbank.sandbox.local import LocalSandboxes
 from sandbank.sandbox.sessions import ExecSession
 
@@ -44,18 +45,24 @@ def line(backend: str, name: str, samples: list[float], unit: str = "ms") -> Non
     )
 
 
+def cgroup_of(sandbox: object) -> Cgroup | None:
+    """The cgroup of an isolated sandbox (None for a backend without one)."""
+    box = getattr(sandbox, "box", None)
+    return box.slot.cgroup if isinstance(box, IsolatedBox) else None
+
+
 def cgroup_charge(session: ExecSession) -> int:
     """What the session's memory cgroup is charged: its own pages (not the template's)."""
-    sandbox = session.sandbox
-    assert isinstance(sandbox, BwrapSandbox)
-    return int((sandbox.cgroup.memory / "memory.usage_in_bytes").read_text())
+    cgroup = cgroup_of(session.sandbox)
+    assert cgroup is not None
+    return int((cgroup.memory / "memory.usage_in_bytes").read_text())
 
 
 def cgroup_pss(session: ExecSession) -> int:
-    sandbox = session.sandbox
-    assert isinstance(sandbox, BwrapSandbox)
+    cgroup = cgroup_of(session.sandbox)
+    assert cgroup is not None
     total = 0
-    for pid in sandbox.cgroup.pids():
+    for pid in cgroup.pids():
         try:
             for row in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
                 if row.startswith("Pss:"):

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from sandbank.config import Settings
 from sandbank.protocol.calls import PythonCall
-from sandbank.sandbox.backends.bwrap import BwrapSandbox
+from sandbank.sandbox.host.cgroups import Cgroup
+from sandbank.sandbox.host.slot import IsolatedBox
 from sandbank.sandbox.local import LocalSandboxes
 
 TENANT = "bench"
@@ -36,9 +37,15 @@ def report(name: str, samples: list[float], unit: str = "ms") -> None:
     print(f"{name:<40} median {med:9.3f} {unit}   p90 {p90:9.3f} {unit}   n={len(samples)}")
 
 
-def pss_mib(sandbox: BwrapSandbox) -> float:
+def cgroup_of(sandbox: object) -> Cgroup | None:
+    """The cgroup of an isolated sandbox (None for a backend without one)."""
+    box = getattr(sandbox, "box", None)
+    return box.slot.cgroup if isinstance(box, IsolatedBox) else None
+
+
+def pss_mib(cgroup: Cgroup) -> float:
     total = 0
-    for pid in sandbox.cgroup.pids():
+    for pid in cgroup.pids():
         try:
             for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):
@@ -87,8 +94,9 @@ async def main(args: argparse.Namespace) -> None:
                 warms.append(await call(rt, s.id, "print(1)"))
             for _ in range(5):
                 ttfb.append(await first_event(rt, s.id))
-            if isinstance(s.sandbox, BwrapSandbox):
-                pss.append(pss_mib(s.sandbox))
+            cgroup = cgroup_of(s.sandbox)
+            if cgroup is not None:
+                pss.append(pss_mib(cgroup))
             await rt.destroy(s.id, TENANT)
         charts: list[float] = []
         for _ in range(max(5, args.rounds // 2)):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +13,7 @@ import pytest
 
 from sandbank.config import Settings, load_settings, unknown_variables
 from sandbank.errors import ConfigError
-from sandbank.startup import check, check_data_dir, check_model, summary, version
+from sandbank.startup import check, check_data_dir, check_model, listen_socket, summary, version
 from tests.support import data_dir
 
 SANDBANK = str(Path(sys.executable).with_name("sandbank"))
@@ -306,3 +308,29 @@ def test_an_unreachable_database_is_one_line_without_the_password() -> None:
     assert message.startswith("SANDBANK_DATABASE_URL: cannot connect to postgresql (127.0.0.1:")
     assert message.endswith("check the URL and that the server runs")
     assert "hunter2" not in message and "\n" not in message
+
+
+def test_connections_accepted_on_the_bound_socket_send_without_delay() -> None:
+    """Nagle's algorithm off (TCP_NODELAY): an answer's head and body never wait for an ACK."""
+    asyncio.run(_accept_one())
+
+
+async def _accept_one() -> None:
+    sock = listen_socket("127.0.0.1", 0)
+    sock.listen()
+    accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def made(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raw = writer.get_extra_info("socket")
+        accepted.set_result(raw.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        writer.close()
+
+    server = await asyncio.start_server(made, sock=sock)
+    port = sock.getsockname()[1]
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        assert await asyncio.wait_for(accepted, 5) == 1
+    finally:
+        writer.close()
+        server.close()
+        await server.wait_closed()

@@ -43,6 +43,7 @@ from .interpreter.identity import Identity
 from .interpreter.routes import InterpreterApi
 from .interpreter.runs import Runs
 from .interpreter.service import InterpreterService
+from .looplag import LoopLag
 from .mcp.door import McpDoor
 from .mcp.http import McpHttp
 from .metrics import MeteredModel, Metrics, SandboxHooks
@@ -186,6 +187,9 @@ class Services:
     ) -> None:
         self.settings = s = settings
         self.metrics = Metrics()
+        self.loop_lag = LoopLag()
+        self.metrics.watch_loop(self.loop_lag)
+        self._lag_task: asyncio.Task[None] | None = None
         # This machine's sandboxes (a single server, or a fleet node); a front has none: it
         # places sessions on the nodes (src/sandbank/fleet).
         self.local: LocalSandboxes | None = None
@@ -241,6 +245,7 @@ class Services:
         self._shutdown: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        self._lag_task = asyncio.create_task(self.loop_lag.run(), name="loop-lag")
         if self.fleet is not None:
             await self.fleet.start()
         else:
@@ -276,6 +281,10 @@ class Services:
             await self.interpreter.stop()
         if self.fleet is not None:
             await self.fleet.close()
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lag_task
 
 
 def _cors(settings: Settings) -> list[Middleware]:

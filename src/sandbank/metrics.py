@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from .agent.model import ChatMessage, Model, ModelReply, TextSink, ToolSpec
 from .errors import AgentError
+from .looplag import LoopLag
 from .protocol.calls import (
     RC_KILLED,
     RC_TIMEOUT,
@@ -198,6 +199,20 @@ class Metrics:
     def watch_connections(self, book: ConnectionBook) -> None:
         """The connection edge (http/edge.py): open connections, their cap, refusals."""
         self.registry.register(Connections(book))
+
+    def watch_loop(self, lag: LoopLag) -> None:
+        """The event loop's longest stall of the last window, read when scraped."""
+        Gauge(
+            "sandbank_event_loop_lag_seconds",
+            f"The longest the event loop was late for due work in the last {lag.window:g} s "
+            "(work run on the loop without yielding: it delays every request).",
+            registry=self.registry,
+        ).set_function(lag.longest)
+        Gauge(
+            "sandbank_event_loop_lag_max_seconds",
+            "The longest the event loop was late for due work since the server started.",
+            registry=self.registry,
+        ).set_function(lambda: lag.worst)
 
     def watch_fleet(self, membership: Membership) -> None:
         """A front's view of its nodes' capacity, read from their latest reports when scraped."""

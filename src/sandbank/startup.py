@@ -216,7 +216,10 @@ def listen_socket(host: str, port: int) -> socket.socket:
     """A socket bound to `host`:`port` for uvicorn; `ConfigError` in one line when it cannot be."""
     address = host.strip("[]")
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, as getaddrinfo gives it: asyncio sets TCP_NODELAY on the connections
+    # it accepts only for such a socket (with proto 0, every keep-alive answer written in two
+    # parts waited ~40 ms for the client's delayed ACK).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((address, port))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,17 +102,20 @@ def test_the_front_reports_its_nodes_capacity_as_metrics(
     fleet: FakeFleet, client: httpx.Client
 ) -> None:
     sid = create(client)
-    text = client.get("/metrics").text
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    for _ in range(100):  # a report sent before the placement may land after it: the next counts it
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(client.get("/metrics").text)
+            for s in family.samples
+        }
+        used = [samples[("sandbank_fleet_node_sessions", (("node", n),))] for n in fleet.nodes]
+        if sum(used) >= 1:
+            break
+        time.sleep(0.05)
     assert samples[("sandbank_fleet_nodes", (("state", "accepting"),))] == 2
     assert samples[("sandbank_fleet_nodes", (("state", "down"),))] == 0
     for name in ("node-0", "node-1"):
         assert samples[("sandbank_fleet_node_max_sessions", (("node", name),))] == 6
-    used = [samples[("sandbank_fleet_node_sessions", (("node", n),))] for n in fleet.nodes]
     assert sum(used) >= 1  # the session just placed (reported, or counted as placed)
     node = httpx.get(
         f"{fleet.nodes[node_of(sid)]}/metrics",

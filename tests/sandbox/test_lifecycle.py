@@ -133,6 +133,18 @@ def test_uid_claims_are_exclusive_across_allocators(tmp_path: Path) -> None:
     assert b.claim() == got[0]
 
 
+def test_uids_given_back_are_claimed_again_lowest_first(tmp_path: Path) -> None:
+    alloc = UidAllocator(tmp_path, 600000, 8)
+    first, second, third = alloc.claim(), alloc.claim(), alloc.claim()
+    assert (first, second, third) == (600000, 600001, 600002)
+    alloc.release(second)
+    alloc.release(first)
+    assert alloc.claim() == first
+    assert alloc.claim() == second
+    assert alloc.claim() == 600003  # none given back: the next never claimed
+    assert sorted(p.name for p in tmp_path.iterdir()) == [str(u) for u in range(600000, 600004)]
+
+
 async def test_warm_pool_pre_imports_and_never_reuses_a_sandbox(machine: None) -> None:
     with data_dir() as d:
         rt = LocalSandboxes(settings(d, pool_size=1, pool_preimport=True))

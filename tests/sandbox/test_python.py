@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 from sandbank.protocol.calls import PythonCall
@@ -50,6 +51,21 @@ async def test_output_of_subprocesses_and_c_level_writes_is_captured(sb: Shell) 
     )
     assert "from-system" in r.stdout and "from-subprocess" in r.stdout and "raw-fd" in r.stdout
     assert "sys-err" in r.stderr and "to-stderr" in r.stderr
+
+
+async def test_output_written_between_calls_is_never_given_to_a_later_call(sb: Shell) -> None:
+    # A thread and a child process write after their call returned; the next call (which the
+    # sandbox may start without a marker when its pipes are empty) shows only its own output.
+    r = await sb.py(
+        "import os, subprocess, threading, time\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('late-thread')), daemon=True).start()\n"
+        "subprocess.Popen(['sh', '-c', 'sleep 0.2; echo late-child; echo late-err >&2'])"
+    )
+    assert r.return_code == 0, r.stderr
+    await anyio.sleep(0.6)  # the late writers write while no call runs
+    for _ in range(3):
+        r = await sb.py("print('own')")
+        assert (r.stdout, r.stderr) == ("own\n", ""), r
 
 
 async def test_exception_gives_clean_traceback_and_code_1_and_interpreter_survives(

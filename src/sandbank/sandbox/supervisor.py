@@ -120,6 +120,10 @@ class SupervisedSandbox:
         self.background: Background | None = None  # the worker's processes and watches
         self.restarts = 0
         self.on_restart: Callable[[RestartReason], None] | None = None  # the runtime's hook
+        # Memory-limit kills counted when the worker started (or after a call had something
+        # killed): a worker's death past it is the memory limit's. Read once per worker, not
+        # per call (it is a file of the cgroup).
+        self._ooms_seen = 0
 
     @property
     def uid(self) -> int:
@@ -176,6 +180,7 @@ class SupervisedSandbox:
             raise SandboxError("the sandbox failed to start: no ready signal")
         self.background = Background(worker)
         worker.demux(self.background.dispatch)
+        self._ooms_seen = self.box.oom_count()
         return worker
 
     def _schedule_restart(self, reason: RestartReason) -> None:
@@ -312,11 +317,16 @@ class SupervisedSandbox:
         on_event: OnEvent | None,
     ) -> ExecResult:
         timeout = max(0.0, deadline - time.monotonic())
-        oom_before = self.box.oom_count()
+        oom_before = self._ooms_seen
         try:
             await worker.send(msg)
             try:
-                return _parse(await asyncio.wait_for(_reply(worker, on_event), timeout))
+                result = _parse(await asyncio.wait_for(_reply(worker, on_event), timeout))
+                if result.return_code > 128:
+                    # Something of the call was killed (a subprocess past the memory limit,
+                    # say): the count a later death is judged against moves on with it.
+                    self._ooms_seen = self.box.oom_count()
+                return result
             except TimeoutError:
                 return await self._on_timeout(worker, call, deadline)
         except WorkerBroken as e:

@@ -12,6 +12,7 @@ removal never hands one uid to two sandboxes.
 from __future__ import annotations
 
 import fcntl
+import heapq
 import os
 import threading
 from pathlib import Path
@@ -27,23 +28,44 @@ class UidAllocator:
         self.base = base
         self.count = count
         self._held: dict[int, int] = {}
+        # Where a claim starts looking: uids below it are ours or another server's; those we
+        # give back are tried first, lowest first. A claim costs what other servers hold near
+        # the bottom, not what this server holds (a thousand of its sandboxes: no scan).
+        self._next = base
+        self._returned: list[int] = []  # a heap
         self._mutex = threading.Lock()
         lock_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
 
     def claim(self) -> int:
         with self._mutex:
+            while self._returned:
+                uid = heapq.heappop(self._returned)
+                if self._take(uid):
+                    return uid
+            while self._next < self.base + self.count:
+                uid = self._next
+                self._next += 1
+                if uid not in self._held and self._take(uid):
+                    return uid
+            # Every uid was tried once: what other servers held may be free again.
+            self._next = self.base
             for uid in range(self.base, self.base + self.count):
-                if uid in self._held:
-                    continue
-                fd = lock_file(self.lock_dir / str(uid), create=True)
-                if fd is not None:
-                    self._held[uid] = fd
+                if uid not in self._held and self._take(uid):
                     return uid
         raise AtCapacity("no free sandbox uid left in the configured range")
+
+    def _take(self, uid: int) -> bool:
+        fd = lock_file(self.lock_dir / str(uid), create=True)
+        if fd is None:
+            return False
+        self._held[uid] = fd
+        return True
 
     def release(self, uid: int) -> None:
         with self._mutex:
             fd = self._held.pop(uid, None)
+            if fd is not None:
+                heapq.heappush(self._returned, uid)
         if fd is not None:
             os.close(fd)
 
