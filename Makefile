@@ -25,9 +25,14 @@ $(VENV)/.dev-installed: $(VENV)/.installed pyproject.toml
 	touch $@
 
 # The E2B JS SDK the tests drive (tests/e2b), from npm; node and npm come from the dev extra.
+# Node trusts only its own CA bundle: the system's is added, so a machine whose traffic goes
+# through a TLS-inspecting proxy (its CA trusted system-wide) reaches the registry too.
 E2B_JS := tests/e2b/js
+SYSTEM_CAS := /etc/ssl/certs/ca-certificates.crt
 $(E2B_JS)/node_modules/.installed: $(VENV)/.dev-installed $(E2B_JS)/package.json $(E2B_JS)/package-lock.json
-	cd $(E2B_JS) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" npm ci --no-audit --no-fund --loglevel=error
+	cd $(E2B_JS) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
+		NODE_EXTRA_CA_CERTS="$${NODE_EXTRA_CA_CERTS:-$$(test -f $(SYSTEM_CAS) && echo $(SYSTEM_CAS))}" \
+		npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 # The sandbox runtime: its own venv from Debian's Python, readable by the sandbox users, sealed

@@ -39,8 +39,8 @@ class Client:
             raise RuntimeError(f"{method} {path}: {response.status} {raw[:200]!r}")
         return json.loads(raw) if raw else None
 
-    def create(self) -> str:
-        sid: str = self.call("POST", "/sessions", {})["session_id"]
+    def create(self, body: dict[str, Any] | None = None) -> str:
+        sid: str = self.call("POST", "/sessions", body or {})["session_id"]
         return sid
 
     def execute(self, sid: str, code: str) -> dict[str, Any]:

@@ -76,6 +76,7 @@ class Scale:
 
     def measure(self) -> dict[str, float]:
         time.sleep(self.args.settle)  # the pool refills and the loop quiets
+        self.c.conn.close()  # the server may have closed it while idle: start afresh
         sid = self.c.create()
         self.c.execute(sid, "print(1)")
         warm = timed(lambda: self.c.execute(sid, "print(1)"), WARM)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import shutil
 import tempfile
@@ -35,11 +36,13 @@ from sandbank.agent.model import (
 from sandbank.agent.scripted import ScriptedModel, answer, run_python
 from sandbank.app import create_app
 from sandbank.config import Settings
+from sandbank.http.auth import load_tokens
 from sandbank.metrics import SandboxHooks
 from sandbank.protocol.calls import BashCall, EditorCall, ExecResult, PythonCall, ToolCall
 from sandbank.sandbox.backends.base import new_sandbox_id
 from sandbank.sandbox.backends.fake import FakeBackend, FakeSandbox
 from sandbank.sandbox.local import LocalSandboxes
+from sandbank.serving import connection_book, listener_config
 from sandbank.store import Store
 from tests.support import free_port
 
@@ -61,7 +64,8 @@ CUT = "\n[output truncated: {} more bytes not shown]\n"
 async def canned(call: ToolCall, workspace: Path) -> ExecResult:
     """The fake's answer to the programs the HTTP tests send (never a real execution).
 
-    `print(N)` and `print('text')` print, `echo WORD` echoes, `raise SystemExit(N)` exits N,
+    `print(N)` and `print('text')` print, `echo WORD` echoes, bash that only makes
+    directories, files, links and pipes makes them (`_plant`), `raise SystemExit(N)` exits N,
     `raise E('m')` fails with a traceback, `time.sleep(S)` sleeps (so deadlines and destroys
     cut it), `chart` and `page` write chart.png and page.html as the loopback fake LLM's
     programs do, the editor's `create` writes its file; anything else succeeds silently.
@@ -80,6 +84,8 @@ async def canned(call: ToolCall, workspace: Path) -> ExecResult:
     if sleep := _SLEEP.search(text):
         await asyncio.sleep(float(sleep.group(1)))
     if isinstance(call, BashCall):
+        if _plant(text, workspace):
+            return ExecResult()
         echoed = _ECHO.fullmatch(text.strip())
         return ExecResult(stdout=f"{echoed.group(1)}\n" if echoed else "")
     if printed := _PRINT.fullmatch(text.strip()):
@@ -92,6 +98,38 @@ async def canned(call: ToolCall, workspace: Path) -> ExecResult:
         return ExecResult(stderr=trace, return_code=1)
     return ExecResult()
 
+
+def _plant(command: str, workspace: Path) -> bool:
+    """What bash would leave in the workspace for commands made only of `cd D`, `mkdir -p D`,
+    `touch F...` (with `{1..N}`), `mkfifo F` and `ln -s TARGET NAME` joined by `;` or `&&`:
+    the files, links and pipes a program plants for the server's file routes to meet.
+    False (and nothing done) for any other command."""
+    steps = [step.split() for step in re.split(r";|&&", command) if step.strip()]
+    if not steps or any(step[0] not in _PLANTERS for step in steps):
+        return False
+    here = workspace
+    for name, *args in steps:
+        if name == "cd":
+            here = here / args[0]
+        elif name == "mkdir":
+            (here / args[-1]).mkdir(parents=True, exist_ok=True)
+        elif name == "mkfifo":
+            os.mkfifo(here / args[0])
+        elif name == "ln":
+            (here / args[2]).symlink_to(args[1])
+        else:
+            for arg in args:
+                if braces := _BRACES.fullmatch(arg):
+                    prefix, first, last = braces.groups()
+                    for i in range(int(first), int(last) + 1):
+                        (here / f"{prefix}{i}").touch()
+                else:
+                    (here / arg).touch()
+    return True
+
+
+_PLANTERS = {"cd", "mkdir", "touch", "mkfifo", "ln"}
+_BRACES = re.compile(r"(\w*)\{(\d+)\.\.(\d+)\}")
 
 Answer = Callable[[ToolCall, Path], Awaitable[ExecResult]]
 
@@ -166,7 +204,9 @@ class FakeApp:
         self.dir = Path(tempfile.mkdtemp(prefix="sandbank-fake-"))
         self.settings = Settings(data_dir=self.dir, **{**DEFAULTS, **overrides})
         self.backend = CannedBackend(self.settings, answer)
-        self.sandboxes = LocalSandboxes(self.settings, self.backend)
+        # As when the app builds its own: the tenants' share depends on how many tokens there are.
+        tenants = 0 if self.settings.role == "node" else len(load_tokens(self.settings))
+        self.sandboxes = LocalSandboxes(self.settings, self.backend, tenants=tenants)
         # `configured_model`: the model the settings name (none here: questions are refused).
         self.model = None if configured_model else model or ScriptedModel(chat)
         self.app = create_app(self.settings, sandboxes=self.sandboxes, model=self.model)
@@ -199,14 +239,17 @@ class FakeApp:
             shutil.rmtree(self.dir, ignore_errors=True)
 
     @contextlib.contextmanager
-    def serving(self) -> Iterator[str]:
-        """The app served by uvicorn on a loopback port, in a thread of this process: for
-        what TestClient cannot show (a response read as it is written, a client of its own
-        such as a fleet front). Yields its base URL."""
-        port = free_port()
-        config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=port, log_config=None, lifespan="on"
-        )
+    def serving(self, port: int | None = None) -> Iterator[str]:
+        """The app served by uvicorn on a loopback port, in a thread of this process, with the
+        listener `sandbank serve` uses: for what TestClient cannot show (a response read as it
+        is written, a client of its own such as a fleet front or an SDK, the edge's bounds on
+        connections and heads). Yields its base URL; `port` is one chosen beforehand (for
+        settings that name the URL, as `public_base_url` does)."""
+        port = port or free_port()
+        # As `sandbank serve` serves it: the bounded edge (heads, connections, timeouts).
+        book = connection_book(self.settings)
+        self.app.state.services.metrics.watch_connections(book)
+        config = listener_config(self.app, "127.0.0.1", port, self.settings, "on", book)
         server = uvicorn.Server(config)
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),))
@@ -247,10 +290,11 @@ class FakeApp:
         return name, secret
 
     @contextlib.contextmanager
-    def client(self, **kwargs: Any) -> Iterator[httpx.Client]:
-        """Another client of the running app, with headers of its own (a second browser)."""
+    def client(self, app: Any = None, **kwargs: Any) -> Iterator[httpx.Client]:
+        """Another client of the running app, with headers of its own (a second browser); of
+        `app` instead, one over the same services (the code-execution API's own listener)."""
         assert self._test_client is not None, "use `running()`"
-        other = TestClient(self.app, base_url=BASE_URL, client=CLIENT, **kwargs)
+        other = TestClient(app or self.app, base_url=BASE_URL, client=CLIENT, **kwargs)
         other.portal = self._test_client.portal  # the running app's loop, not a lifespan
         try:
             yield as_httpx(other)

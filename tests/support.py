@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -40,6 +41,9 @@ TEST_LIMITS: dict[str, Any] = {
     "uid_lock_dir": UID_LOCK_DIR,
     "runtime_dir": RUNTIME_DIR,
     "interrupt_grace_seconds": 1.0,
+    # Pausing every idle session at each server's stop costs the suite time; the tests of
+    # paused sessions turn it on (tests/sandbox/test_durable.py).
+    "pause_on_shutdown": False,
 }
 
 
@@ -58,6 +62,19 @@ def data_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def unmount_under(path: Path) -> list[str]:
+    """Unmount (lazily) what is mounted below `path`, deepest first; the mount points.
+
+    For what a test leaves on purpose: a server it SIGKILLed cannot unmount its workspaces, and
+    only the next server on the same data directory would."""
+    prefix = str(path.resolve()) + "/"
+    with open("/proc/self/mountinfo") as f:
+        points = [row.split()[4] for row in f if row.split()[4].startswith(prefix)]
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+    return points
 
 
 def settings(data: Path, **overrides: Any) -> Settings:
@@ -170,3 +187,21 @@ def processes_of_uids(uids: set[int]) -> list[int]:
                 if os.stat(f"/proc/{name}").st_uid in uids:
                     found.append(int(name))
     return found
+
+
+@functools.cache
+def gvisor_missing() -> str | None:
+    """Why the gvisor backend's tests cannot run on this machine, or None when they can.
+
+    runsc is an optional test dependency (CI installs it from Debian's main archive when it
+    can): absent, or installed but running no program at all here, its tests skip saying so.
+    """
+    if shutil.which("runsc") is None:
+        return "runsc (gVisor) is not installed"
+    from sandbank.sandbox.backends.gvisor import _runs_on
+
+    if not _runs_on("ptrace"):
+        return (
+            "runsc is installed but runs no program here (`runsc --platform=ptrace do /bin/true`)"
+        )
+    return None

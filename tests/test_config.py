@@ -5,6 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+from pydantic import ValidationError
+
 from sandbank.config import Settings
 from tests.support import REPO
 
@@ -22,3 +25,20 @@ def test_readme_tables_are_up_to_date() -> None:
         [sys.executable, "scripts/settings_table.py", "--check"], cwd=REPO, capture_output=True
     )
     assert done.returncode == 0, "README tables are stale: run scripts/settings_table.py --write"
+
+
+def test_isolation_choices_and_tenant_isolation_are_checked_at_start() -> None:
+    ok = Settings(
+        isolation="fork", isolation_choices="gvisor, fork", tenant_isolation="ABCDEF12=gvisor"
+    )
+    assert ok.isolations() == ["fork", "gvisor"]  # the default first, each once
+    for bad, says in (
+        ({"isolation_choices": "none"}, "`none`"),
+        ({"isolation_choices": "bwrap"}, "same isolation"),
+        ({"isolation_choices": "microvm"}, "'microvm' is not one of"),
+        ({"tenant_isolation": "abcdef12=gvisor"}, "this server offers fork"),
+        ({"tenant_isolation": "abc=fork"}, "not TENANT=ISOLATION"),
+        ({"tenant_isolation": "abcdef12=vm"}, "not TENANT=ISOLATION"),
+    ):
+        with pytest.raises(ValidationError, match=says):
+            Settings(isolation="fork", **bad)  # type: ignore[arg-type]

@@ -257,7 +257,7 @@ def test_the_summary_names_the_parts_and_no_secret() -> None:
         (
             {"role": "node", "fleet_token": "t", "fleet_node_name": "n-0"},
             "fleet node n-0 on http://127.0.0.1:8080; serving the code-execution API for the "
-            "fleet's fronts (fleet token); isolation fork",
+            "fleet's fronts (fleet token), sessions moved at a drain through local (",
         ),
         (
             {"exec_api": "separate", "web_ui": "off", "admin_token": "a"},

@@ -30,6 +30,7 @@ from .execapi import openapi
 from .execapi.admin import sessions_endpoint
 from .execapi.routes import ExecApi
 from .files import ObjectStore, open_object_store
+from .files.signing import load_signing_key
 from .fleet.front import Fleet, FrontApi
 from .fleet.node import FleetGate, NodeControl, node_settings
 from .fleet.sandboxes import FleetSandboxes
@@ -195,6 +196,7 @@ class Services:
         self.local: LocalSandboxes | None = None
         self.fleet: Fleet | None = None
         self.node: NodeControl | None = None
+        self.node_objects: ObjectStore | None = None
         self.exec_api: ExecApi | FrontApi
         tokens = [] if s.role == "node" else load_tokens(s)
         for warning in check_exposure(s, tokens):
@@ -208,7 +210,10 @@ class Services:
         else:
             if sandboxes is None:
                 sandboxes = self.local = LocalSandboxes(
-                    s, hooks=SandboxHooks(self.metrics), tenants=len(tokens)
+                    s,
+                    hooks=SandboxHooks(self.metrics),
+                    tenants=len(tokens),
+                    snapshot_key=lambda: load_signing_key(s),  # snapshots are signed with it too
                 )
             elif isinstance(sandboxes, LocalSandboxes):
                 self.local = sandboxes
@@ -216,7 +221,11 @@ class Services:
                 self.metrics.watch_sandboxes(self.local)
             if s.role == "node":
                 assert self.local is not None, "a fleet node serves its own sandboxes"
-                self.node = NodeControl(s, self.local)
+                # Where a drain moves its sessions: the deployment's object store.
+                self.node_objects = objects or open_object_store(s)
+                self.node = NodeControl(
+                    s, self.local, self.node_objects, counted=self.metrics.session_moved
+                )
             door_sandboxes = sandboxes
             self.exec_api = ExecApi(sandboxes, self.auth, s)
         self.sandboxes = door_sandboxes
@@ -281,6 +290,8 @@ class Services:
             await self.interpreter.stop()
         if self.fleet is not None:
             await self.fleet.close()
+        if self.node_objects is not None:
+            await self.node_objects.close()
         if self._lag_task is not None:
             self._lag_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -18,7 +18,7 @@ MiB = 1 << 20
 # Measured per idle pandas session, filling a 24 GiB machine (bench/capacity.py --fill: fork
 # 10.8 MiB over 1,925 sessions, bwrap 64.0 MiB over 323), plus a third for margin; `none` from
 # the unisolated reference backend's 35-42 MiB.
-IDLE_COST_MIB = {"fork": 15, "bwrap": 85, "none": 56}
+IDLE_COST_MIB = {"fork": 15, "bwrap": 85, "gvisor": 160, "none": 56}
 SERVER_RESERVE_MIB = 1024  # the server, the fork template, the page cache the runtime needs
 FLOOR, CEILING = 4, 2000  # below the floor a server is not worth running; the ceiling: pids, fds
 # The warm pool a fork server keeps: one per POOL_SHARE sessions, so a burst of new sessions

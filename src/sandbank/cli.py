@@ -96,6 +96,10 @@ def doctor(args: argparse.Namespace) -> int:
     from .doctor import run_checks
 
     settings = _settings(args)
+    if args.attack:
+        from .attack import run_attack
+
+        return run_attack(settings, settings.isolations(), out=sys.stdout)
     return run_checks(settings, model=bool(args.model), out=sys.stdout)
 
 
@@ -341,6 +345,12 @@ def _parser() -> argparse.ArgumentParser:
         "--model",
         action="store_true",
         help="also send the model a one-token request (costs a request on paid providers)",
+    )
+    p.add_argument(
+        "--attack",
+        action="store_true",
+        help="instead of the checks: run the escape battery in a real sandbox of the "
+        "isolation; exit 1 when any attempt succeeds",
     )
     p.set_defaults(func=doctor)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +20,8 @@ from .errors import ConfigError
 
 MiB = 1024 * 1024
 PREFIX = "SANDBANK_"
+Isolation = Literal["bwrap", "fork", "gvisor", "none"]
+ISOLATIONS: tuple[str, ...] = ("fork", "bwrap", "gvisor", "none")
 # Variables of the project that are not settings: the installer's, the tests', and those the
 # server sets inside a sandbox.
 NOT_SETTINGS = frozenset(
@@ -88,13 +90,35 @@ class Settings(BaseSettings):
     )
 
     # --- sandbox runtime ------------------------------------------------------------------
-    isolation: Literal["bwrap", "fork", "none"] = Field(
+    isolation: Isolation = Field(
         "fork",
         description="`fork` (the default): namespaces, seccomp and cgroups, each sandbox forked "
         "from a warm template that has imported the data stack (a few MiB per session, no cold "
         "start); `bwrap`, the same isolation with each sandbox a fresh bubblewrap and Python; "
+        "`gvisor`, each sandbox a gVisor container (`runsc`): user code's system calls reach "
+        "gVisor's user-space kernel, not the host's, at a cost in memory and latency; "
         "or `none`: an UNISOLATED development mode that must be chosen explicitly and logs a "
         "loud warning.",
+    )
+    isolation_choices: str = Field(
+        "",
+        description="Comma-separated isolations this server offers besides `isolation` (its "
+        "default), e.g. `fork,gvisor`: CreateSession's `isolation` hint picks one. `none` "
+        "cannot be offered beside an isolated one, nor `fork` beside `bwrap` (one host's "
+        "sandboxes share its uids, cgroups and disks).",
+    )
+    tenant_isolation: str = Field(
+        "",
+        description="Tenants that must use a given isolation: comma-separated "
+        "`TENANT=ISOLATION`, TENANT being at least 8 hex digits of the tenant's id (as for "
+        "`tenant_max_sessions`). Their sessions get it without asking; a hint of another "
+        "is refused (422).",
+    )
+    gvisor_platform: Literal["auto", "systrap", "kvm", "ptrace"] = Field(
+        "auto",
+        description="With `isolation=gvisor`: runsc's platform. `auto` tries `systrap` (runsc "
+        "2023 and later), `kvm`, then `ptrace` at start and keeps the first that runs a program "
+        "(kvm hangs where /dev/kvm is a nested device); `sandbank doctor` says which.",
     )
     fork_preimport_modules: str = Field(
         "",
@@ -195,6 +219,40 @@ class Settings(BaseSettings):
         "its token, whose first digits `/admin/sessions` shows.",
     )
 
+    @model_validator(mode="after")
+    def _isolations(self) -> Settings:
+        offered = self.isolations()
+        if "none" in offered and len(offered) > 1:
+            raise ValueError(
+                f"{PREFIX}ISOLATION_CHOICES: `none` (unisolated) cannot be offered beside an "
+                "isolated backend"
+            )
+        if {"fork", "bwrap"} <= set(offered):
+            raise ValueError(
+                f"{PREFIX}ISOLATION_CHOICES: `fork` and `bwrap` are the same isolation; offer one"
+            )
+        for prefix, isolation in parse_tenant_isolation(self.tenant_isolation).items():
+            if isolation not in offered:
+                raise ValueError(
+                    f"{PREFIX}TENANT_ISOLATION: {prefix}={isolation}, but this server offers "
+                    f"{', '.join(offered)} ({PREFIX}ISOLATION, {PREFIX}ISOLATION_CHOICES)"
+                )
+        return self
+
+    def isolations(self) -> list[str]:
+        """The isolations this server offers, its default (`isolation`) first."""
+        found: list[str] = [self.isolation]
+        for item in (x.strip() for x in self.isolation_choices.split(",")):
+            if not item:
+                continue
+            if item not in ISOLATIONS:
+                raise ValueError(
+                    f"{PREFIX}ISOLATION_CHOICES: {item!r} is not one of {', '.join(ISOLATIONS)}"
+                )
+            if item not in found:
+                found.append(item)
+        return found
+
     @field_validator("tenant_max_sessions")
     @classmethod
     def _tenant_limits(cls, value: str) -> str:
@@ -213,6 +271,32 @@ class Settings(BaseSettings):
     )
     reaper_interval_seconds: float = Field(
         5.0, gt=0, description="How often expired sessions are looked for."
+    )
+    pause_on_shutdown: bool = Field(
+        True,
+        description="On SIGTERM, pause every session within `shutdown_grace_seconds` (its "
+        "workspace, variables and shell kept on disk; a call still running is interrupted "
+        "first, as at a timeout) so the next start of this data directory resumes it under the "
+        "same id; false ends them, and their calls, as before. On a fleet node, a drain "
+        "(SIGTERM or /fleet/drain) moves them to the object store instead, for another node "
+        "(or this one restarted) to continue under the same ids.",
+    )
+    pause_after_idle_seconds: int = Field(
+        0,
+        ge=0,
+        description="Pause a session idle this long (no process, no memory: only its snapshot "
+        "on disk), resumed by its next call; 0 (the default) keeps idle sessions running.",
+    )
+    checkpoint_after_idle_seconds: int = Field(
+        0,
+        ge=0,
+        description="Snapshot a session idle this long without stopping it, so a crash of the "
+        "server (SIGKILL, power) loses at most what ran since; 0 (the default): no checkpoints.",
+    )
+    max_paused_sessions: int = Field(
+        10000,
+        ge=0,
+        description="Paused sessions kept on disk; past it the one paused longest ago ends.",
     )
     uid_base: int = Field(
         200000, ge=1000, description="First host uid given to sandboxes (one uid per session)."
@@ -627,7 +711,8 @@ class Settings(BaseSettings):
         30.0,
         ge=0,
         description="On SIGTERM a node takes no new sessions and waits this long for running "
-        "calls to finish before ending its sessions (calls still running get a result).",
+        "calls to finish before moving (`pause_on_shutdown`) or ending its sessions (calls "
+        "still running get a result).",
     )
     shutdown_delay_seconds: float = Field(
         0.0,
@@ -687,19 +772,35 @@ class Settings(BaseSettings):
 
 def parse_tenant_limits(text: str) -> dict[str, int]:
     """`TENANT=N,...` (TENANT: at least 8 hex digits of a tenant's id) as {prefix: N}."""
-    found: dict[str, int] = {}
+    found = _per_tenant(text, str.isdigit, "TENANT=N", "N: a whole number")
+    return {prefix: int(number) for prefix, number in found.items()}
+
+
+def parse_tenant_isolation(text: str) -> dict[str, str]:
+    """`TENANT=ISOLATION,...` (TENANT: at least 8 hex digits of a tenant's id) as a dict."""
+    return _per_tenant(
+        text, ISOLATIONS.__contains__, "TENANT=ISOLATION",
+        f"ISOLATION: one of {', '.join(ISOLATIONS)}",
+    )  # fmt: skip
+
+
+def _per_tenant(
+    text: str, valid_value: Callable[[str], bool], form: str, value_is: str
+) -> dict[str, str]:
+    """Comma-separated `TENANT=VALUE` entries, TENANT at least 8 hex digits of a tenant's id."""
+    found: dict[str, str] = {}
     for entry in (e.strip() for e in text.split(",")):
         if not entry:
             continue
-        prefix, sep, number = entry.partition("=")
-        prefix = prefix.strip().lower()
+        prefix, sep, value = entry.partition("=")
+        prefix, value = prefix.strip().lower(), value.strip()
         valid = len(prefix) >= 8 and all(c in "0123456789abcdef" for c in prefix)
-        if not sep or not valid or not number.strip().isdigit():
+        if not sep or not valid or not valid_value(value):
             raise ValueError(
-                f"{entry!r} is not TENANT=N (TENANT: at least 8 hex digits of a tenant's id, "
-                "N: a whole number)"
+                f"{entry!r} is not {form} (TENANT: at least 8 hex digits of a tenant's id, "
+                f"{value_is})"
             )
-        found[prefix] = int(number)
+        found[prefix] = value
     return found
 
 

@@ -77,16 +77,39 @@ def check_isolation_tools(settings: Settings) -> str:
 
     if settings.isolation == "none":
         raise Skipped("SANDBANK_ISOLATION=none: no isolation is used")
-    tools = {
+    every = {
         "bwrap": (("bwrap", "bubblewrap"), ("setpriv", "util-linux")),
         "fork": (("unshare", "util-linux"), ("mount", "mount")),
-    }[settings.isolation]
+        "gvisor": (("runsc", "runsc"),),
+    }
+    offered = settings.isolations()
+    tools = [tool for isolation in offered for tool in every[isolation]]
     missing = [package for tool, package in tools if shutil.which(tool, path=HOST_PATH) is None]
     if missing:
         raise Failed(f"missing: {', '.join(missing)}", f"apt-get install {' '.join(missing)}")
-    return f"{settings.isolation}: " + ", ".join(
+    found = f"{', '.join(offered)}: " + ", ".join(
         str(shutil.which(tool, path=HOST_PATH)) for tool, _ in tools
     )
+    if "gvisor" in offered:
+        return f"{found}; {gvisor_platform(settings)}"
+    return found
+
+
+def gvisor_platform(settings: Settings) -> str:
+    """Which runsc platform the server would use here, and what it costs."""
+    from .sandbox.backends.gvisor import probe_platform
+
+    platform = settings.gvisor_platform
+    chosen = probe_platform() if platform == "auto" else platform
+    how = (
+        "probed: systrap and kvm tried first" if platform == "auto" else "SANDBANK_GVISOR_PLATFORM"
+    )
+    cost = {
+        "systrap": "system calls trap into the Sentry by seccomp signals (the fast platform)",
+        "kvm": "system calls trap into the Sentry through KVM (the cheaper platform)",
+        "ptrace": "every system call is a ptrace stop (~2-3x slower system calls, README)",
+    }[chosen]
+    return f"runsc platform {chosen} ({how}): {cost}"
 
 
 def check_cgroups(settings: Settings) -> str:

@@ -30,7 +30,9 @@
     ├── StorageFull                    507  storage_full              1055
     ├── SandboxError                   500  sandbox_error             1060
     │   ├── ProtocolError              502  protocol_error            1062
-    │   └── SandboxUnavailable         503  sandbox_unavailable       1063
+    │   ├── SandboxUnavailable         503  sandbox_unavailable       1063
+    │   ├── SnapshotDamaged            500  snapshot_damaged          1064
+    │   └── PauseFailed                503  pause_failed              1065
     ├── Misdirected                    421  misdirected               1070
     ├── MethodNotAllowed               405  method_not_allowed        1080
     ├── ConfigError                    500  config_error              1090
@@ -294,6 +296,25 @@ class SandboxUnavailable(SandboxError):
     number = 1063
 
     def __init__(self, message: str = "no sandbox can start now", retry_after: int = 2) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class SnapshotDamaged(SandboxError):
+    """A paused session's snapshot is torn or was changed on disk: refused, never half-used."""
+
+    code = "snapshot_damaged"
+    number = 1064
+
+
+class PauseFailed(SandboxError):
+    """A session could not be paused (or checkpointed); it keeps running as it was."""
+
+    status = 503
+    code = "pause_failed"
+    number = 1065
+
+    def __init__(self, message: str = "the session could not be paused", retry_after: int = 5):
         super().__init__(message)
         self.retry_after = retry_after
 

@@ -161,6 +161,13 @@ class Metrics:
             ["direction"],
             registry=r,
         )
+        self.sessions_moved = Counter(
+            "sandbank_fleet_sessions_moved",
+            "A fleet node's session snapshots through the object store: `out` at a drain, "
+            "`checkpoint` copied as taken, `in` adopted here.",
+            ["direction"],
+            registry=r,
+        )
         self.agent_runs = Counter(
             "sandbank_agent_runs",
             "Agent runs ended on this replica, by outcome (done, error, cancelled).",
@@ -173,6 +180,10 @@ class Metrics:
             buckets=(1, 2, 3, 5, 8, 13, 20, 40),
             registry=r,
         )
+
+    def session_moved(self, direction: str) -> None:
+        """A fleet node moved a session's snapshot (`MovedSnapshots`' hook)."""
+        self.sessions_moved.labels(direction).inc()
 
     def run_ended(self, outcome: str, steps: int) -> None:
         """An agent run ended (`Runs`' hook): counted by outcome, its steps observed."""
@@ -261,8 +272,10 @@ class SessionStates(Collector):
         )
         sessions = self.local.sessions()
         busy = sum(1 for s in sessions if s.inflight)
+        paused = sum(1 for s in sessions if s.paused and not s.inflight)
         family.add_metric(["busy"], busy)
-        family.add_metric(["idle"], len(sessions) - busy)
+        family.add_metric(["idle"], len(sessions) - busy - paused)
+        family.add_metric(["paused"], paused)
         yield family
 
 

@@ -64,7 +64,7 @@ def connection_book(settings: Settings) -> ConnectionBook:
     return ConnectionBook(limit, min(per_client, limit), settings.head_timeout_seconds)
 
 
-def _config(
+def listener_config(
     app: object,
     host: str,
     port: int,
@@ -72,6 +72,8 @@ def _config(
     lifespan: Literal["on", "off"],
     book: ConnectionBook,
 ) -> uvicorn.Config:
+    """How every listener is served: the bounded edge (http/edge.py), our logging, a
+    graceful shutdown (tests/fakeapp.py serves its app with it too)."""
     return uvicorn.Config(
         app,  # type: ignore[arg-type]
         host=host,
@@ -117,8 +119,8 @@ def run(settings: Settings, announce: str = "") -> int:
     if settings.exec_api == "separate":
         exec_app = create_exec_app(services, settings)
         host, port = settings.exec_api_host, settings.exec_api_port
-        peers.append(uvicorn.Server(_config(exec_app, host, port, settings, "off", book)))
-    config = _config(app, settings.host, settings.port, settings, "on", book)
+        peers.append(uvicorn.Server(listener_config(exec_app, host, port, settings, "off", book)))
+    config = listener_config(app, settings.host, settings.port, settings, "on", book)
     main = MainServer(config, services, peers)
     # asyncio's own loop, not uvloop: uvloop's pipe transports close their descriptor twice
     # (MagicStack/uvloop#763), which under load closed other sandboxes' pipes and the fork

@@ -303,7 +303,11 @@ def serving(settings: Settings, tokens: int) -> list[str]:
     """What is on, and behind which credential (never the credential itself)."""
     s = settings
     if s.role == "node":
-        return ["the code-execution API for the fleet's fronts (fleet token)"]
+        on = ["the code-execution API for the fleet's fronts (fleet token)"]
+        # Durable isolations keep snapshots (backends' `durable`): fleet/moves.py moves them.
+        if s.pause_on_shutdown and s.isolation in ("fork", "bwrap"):
+            on.append(f"sessions moved at a drain through {storage_kind(s)}")
+        return on
     if tokens:
         auth = f"{tokens} token(s)"
     elif s.allow_unauthenticated:
@@ -337,7 +341,11 @@ def summary(settings: Settings, tokens: int = 0) -> str:
     parts = [f"sandbank {version()}: {role_name(s)} on {address}"]
     parts.append("serving " + ", ".join(serving(s, tokens)))
     if s.role != "front":
-        parts.append(f"isolation {s.isolation}")
+        offered = s.isolations()
+        parts.append(
+            f"isolation {offered[0]}"
+            + (f" (also offered: {', '.join(offered[1:])})" if offered[1:] else "")
+        )
     parts.append(f"data dir {os.path.abspath(s.data_dir)}")
     if s.role != "node" and s.interpreter_api == "on":
         model = s.llm_model or "off"

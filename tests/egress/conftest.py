@@ -3,6 +3,7 @@ lists them (names answered by the proxy's test resolver, 127.0.0.1 listed explic
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,14 @@ def module_data() -> Iterator[Path]:
         yield path
 
 
-@pytest.fixture(scope="module", params=[param("bwrap", "root"), param("fork", "root")])
+# gvisor too when named (`SANDBANK_TEST_BACKENDS=gvisor`): the suite's budget runs it in
+# tests/sandbox/test_gvisor.py alone by default.
+ISOLATIONS = ["bwrap", "fork"] + (
+    ["gvisor"] if "gvisor" in os.environ.get("SANDBANK_TEST_BACKENDS", "").split(",") else []
+)
+
+
+@pytest.fixture(scope="module", params=[param(i, "root", id=i) for i in ISOLATIONS])
 async def runtime(
     request: pytest.FixtureRequest, module_data: Path, world: World
 ) -> AsyncIterator[LocalSandboxes]:

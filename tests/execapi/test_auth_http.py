@@ -15,7 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
+from sandbank.app import create_exec_app
+from sandbank.config import Settings
+from sandbank.errors import SandbankError
 from sandbank.protocol.calls import ExecResult, PythonCall, ToolCall
+from sandbank.startup import check_exposure
 from tests.execapi.conftest import Contract
 from tests.fakeapp import FakeApp, canned
 
@@ -109,19 +113,21 @@ def test_a_session_of_one_token_does_not_exist_for_another(client: httpx.Client)
 def test_at_capacity_is_503_with_retry_after(
     fake: FakeApp, client: httpx.Client, contract: Contract
 ) -> None:
-    alice = as_("tok-alice-0123456789")
+    alice, bob = as_("tok-alice-0123456789"), as_("tok-bob-9876543210")
     c = client
-    sids = [c.post("/sessions", headers=alice).json()["session_id"] for _ in range(2)]
+    # Each token's share of 2 is one session: one each fills the server.
+    owners = [alice, bob]
+    sids = [c.post("/sessions", headers=who).json()["session_id"] for who in owners]
     released.clear()
 
-    def busy(sid: str) -> None:
+    def busy(sid: str, who: dict[str, str]) -> None:
         c.post(
             f"/sessions/{sid}/exec",
-            headers=alice,
+            headers=who,
             json={"tool": "code_execution", "input": {"code": "wait"}},
         )
 
-    threads = [threading.Thread(target=busy, args=(s,)) for s in sids]
+    threads = [threading.Thread(target=busy, args=pair) for pair in zip(sids, owners, strict=True)]
     for t in threads:
         t.start()
     try:
@@ -134,7 +140,29 @@ def test_at_capacity_is_503_with_retry_after(
         released.set()
         for t in threads:
             t.join()
-    r = c.post("/sessions", headers=alice)  # idle again: the LRU one is reclaimed
+    r = c.post("/sessions", headers=alice)  # idle again: alice's own is reclaimed
     assert r.status_code == 201
-    for sid in [*sids, r.json()["session_id"]]:
-        c.delete(f"/sessions/{sid}", headers=alice)
+    for sid, who in [*zip(sids, owners, strict=True), (r.json()["session_id"], alice)]:
+        c.delete(f"/sessions/{sid}", headers=who)
+
+
+def test_the_api_on_a_listener_of_its_own_is_not_on_the_main_one() -> None:
+    """`SANDBANK_EXEC_API=separate`: the main app serves /api, the exec app /sessions, both
+    over one set of services (test_auth.py serves them on two real ports)."""
+    fake = FakeApp(exec_api="separate")
+    with fake.running() as main:
+        assert main.post("/sessions").status_code == 404
+        assert main.get("/api/openapi.json").status_code == 200
+        exec_app = create_exec_app(fake.app.state.services, fake.settings)
+        with fake.client(exec_app) as c:
+            sid = c.post("/sessions").json()["session_id"]
+            r = c.post(
+                f"/sessions/{sid}/exec",
+                json={"tool": "code_execution", "input": {"code": "print(3)"}},
+            )
+            assert r.json()["result_block"]["content"]["stdout"] == "3\n"
+            assert c.get("/openapi.json").status_code == 200
+            assert c.get("/api/openapi.json").status_code == 404
+    with pytest.raises(SandbankError, match="without SANDBANK_EXEC_TOKENS"):
+        check_exposure(Settings(exec_api="separate", exec_api_host="0.0.0.0"), [])
+    check_exposure(Settings(host="0.0.0.0", exec_api="separate"), [])  # /api public, exec local

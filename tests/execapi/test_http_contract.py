@@ -2,12 +2,14 @@
 against the contract's schemas.
 
 Here over the whole app in-process on the fake backend (tests/fakeapp.py); tests/fleet runs the
-same functions through a real front and real nodes. What needs real execution (state, timeouts,
-produced files, symlinks planted by code, concurrency) is in test_conformance.py.
+same functions through a front and nodes over fakes. What needs real execution (state, timeouts,
+produced files, concurrency) is in test_conformance.py.
 """
 
 from __future__ import annotations
 
+import io
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,8 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.execapi.conftest import Contract
-from tests.fakeapp import FakeApp
+from sandbank.protocol.calls import RC_TIMEOUT
+from tests.execapi.conftest import Contract, run
+from tests.fakeapp import PNG, FakeApp
 from tests.support import REPO
 
 
@@ -104,6 +107,29 @@ def test_execute_envelope_for_every_tool_kind(
         assert block["content"]["type"] == "code_execution_result"
         assert block["content"]["return_code"] == 0
         assert isinstance(body["execution_time_ms"], int)
+
+
+def test_timeout_is_answered_in_time_and_clamped(client: httpx.Client, session_id: str) -> None:
+    """The call's budget is its deadline (tests/sandbox has a real sandbox held to one)."""
+    t0 = time.monotonic()
+    content = run_with(
+        client,
+        session_id,
+        {
+            "tool": "code_execution",
+            "input": {"code": "import time; time.sleep(60)"},
+            "timeout_seconds": 1,
+        },
+    )
+    assert time.monotonic() - t0 < 1 + 5
+    assert content["return_code"] == RC_TIMEOUT
+    # A huge budget is clamped, not refused.
+    content = run_with(
+        client,
+        session_id,
+        {"tool": "code_execution", "input": {"code": "print('ok')"}, "timeout_seconds": 10**9},
+    )
+    assert content["stdout"] == "ok\n"
 
 
 def test_tool_use_id_is_generated_when_absent(
@@ -351,3 +377,124 @@ def test_host_header_outside_the_allow_list_is_refused(client: httpx.Client) -> 
     r = client.get("/health", headers={"Host": "evil.example:8080"})
     assert r.status_code == 421 and "SANDBANK_ALLOWED_HOSTS" in r.json()["detail"]
     assert client.get("/health", headers={"Host": "localhost"}).status_code == 200
+
+
+def test_put_file_answers_its_path_and_size_and_names_a_bare_upload_safely(
+    client: httpx.Client, session_id: str, contract: Contract
+) -> None:
+    r = client.post(
+        f"/sessions/{session_id}/files",
+        files={"file": ("data.csv", b"a,b\n1,2\n")},
+        data={"path": "in/deep/data.csv"},
+    )
+    assert r.status_code == 201
+    assert contract.check(r, "FileUploadResult") == {"path": "in/deep/data.csv", "size_bytes": 8}
+    got = client.get(f"/sessions/{session_id}/files", params={"path": "in/deep/data.csv"})
+    assert got.content == b"a,b\n1,2\n"
+    # Without a path, the name comes from the upload, sanitized.
+    r = client.post(
+        f"/sessions/{session_id}/files", files={"file": ("../../evil name?.txt", io.BytesIO(b"z"))}
+    )
+    assert r.status_code == 201 and r.json()["path"] == "evil name_.txt"
+
+
+def test_a_raster_image_is_served_inline_and_other_files_as_attachments(
+    client: httpx.Client, session_id: str
+) -> None:
+    put(client, session_id, "out/figure.png", PNG)
+    put(client, session_id, "out/r.csv", b"a,b\n1,2\n")
+    png = client.get(f"/sessions/{session_id}/files", params={"path": "out/figure.png"})
+    assert png.content == PNG and png.headers["content-type"] == "image/png"
+    assert png.headers["content-disposition"].startswith("inline")
+    csv = client.get(f"/sessions/{session_id}/files", params={"path": "out/r.csv"})
+    assert csv.content == b"a,b\n1,2\n"
+    assert csv.headers["content-disposition"].startswith("attachment")
+    for r in (png, csv):
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert r.headers["content-security-policy"].startswith("sandbox")
+
+
+# --- what a program leaves in the workspace (the fake plants it as bash would: fakeapp.py) ---
+def test_symlinks_planted_by_code_never_lead_out(client: httpx.Client, session_id: str) -> None:
+    run(
+        client,
+        session_id,
+        "bash_code_execution",
+        command="ln -s / root; ln -s /etc/shadow sh; mkdir -p d; ln -s /etc d/etc; ln -s .. up; ln -s /proc/1/root pr",
+    )
+    for path in ("root/etc/passwd", "sh", "d/etc/passwd", "up/x", "pr/etc/shadow", "root"):
+        r = client.get(f"/sessions/{session_id}/files", params={"path": path})
+        assert r.status_code in (403, 404), (path, r.status_code)
+        assert b"root:" not in r.content
+    assert (
+        client.get(f"/sessions/{session_id}/files/list", params={"path": "root"}).status_code == 403
+    )
+    listing = client.get(f"/sessions/{session_id}/files/list").json()["files"]
+    assert {"root", "sh", "up", "pr"}.isdisjoint(f["path"] for f in listing)
+    # Writing through a planted link stays inside too.
+    r = client.post(
+        f"/sessions/{session_id}/files", files={"file": ("x", b"evil")}, data={"path": "d/etc/evil"}
+    )
+    assert r.status_code == 403
+
+
+def test_fifo_and_directory_are_not_served_as_files(client: httpx.Client, session_id: str) -> None:
+    run(client, session_id, "bash_code_execution", command="mkfifo pipe; mkdir -p dir")
+    assert client.get(f"/sessions/{session_id}/files", params={"path": "pipe"}).status_code == 404
+    assert client.get(f"/sessions/{session_id}/files", params={"path": "dir"}).status_code == 400
+
+
+def test_a_long_listing_is_cut_at_the_cap_and_says_so(
+    client: httpx.Client, session_id: str
+) -> None:
+    run(
+        client,
+        session_id,
+        "bash_code_execution",
+        command="mkdir many && cd many && touch f{1..1005}",
+    )
+    body = client.get(f"/sessions/{session_id}/files/list", params={"path": "many"}).json()
+    assert body["truncated"] is True and len(body["files"]) == 1000
+
+
+def test_destroy_during_a_call_ends_it_with_a_result(client: httpx.Client) -> None:
+    """The call is answered with a result, not an error (tests/sandbox has a real sandbox's
+    running call ended by its destroy)."""
+    sid = client.post("/sessions").json()["session_id"]
+    out: dict[str, Any] = {}
+
+    def call() -> None:
+        out["r"] = client.post(
+            f"/sessions/{sid}/exec",
+            json={"tool": "code_execution", "input": {"code": "import time; time.sleep(30)"}},
+        )
+
+    t = threading.Thread(target=call)
+    t.start()
+    time.sleep(0.5)
+    assert client.delete(f"/sessions/{sid}").status_code == 204
+    t.join(10)
+    r = out["r"]
+    assert r.status_code == 200 and "destroyed" in r.json()["result_block"]["content"]["stderr"]
+
+
+def run_with(client: httpx.Client, sid: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = client.post(f"/sessions/{sid}/exec", json=body)
+    assert r.status_code == 200, r.text
+    content: dict[str, Any] = r.json()["result_block"]["content"]
+    return content
+
+
+def test_an_isolation_hint_is_kept_with_the_session_and_one_not_offered_is_a_422(
+    client: httpx.Client, contract: Contract
+) -> None:
+    r = client.post("/sessions", json={"isolation": "fork"})  # the fake app's server runs fork
+    assert r.status_code == 201, r.text
+    handle = contract.check(r, "SessionHandle")
+    assert handle["isolation"] == "fork"
+    client.delete(f"/sessions/{handle['session_id']}")
+    for asked in ("gvisor", "microvm"):
+        r = client.post("/sessions", json={"isolation": asked})
+        assert r.status_code == 422, r.text
+        detail = contract.check(r, "Error")["detail"]
+        assert "isolation" in detail and ("'fork'" in detail or "gvisor" in detail), detail

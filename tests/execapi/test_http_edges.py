@@ -1,7 +1,8 @@
 """The code-execution API's edges over fakes: hostile bodies, caps, OPTIONS/405, odd names.
 
 Files are planted straight into the fake sandbox's workspace (a real directory), so what is
-tested is how the server lists and serves them; test_hostile.py and test_conformance.py keep
+tested is how the server lists and serves them (links, pipes and long directories are
+test_http_contract.py's, for a server and a fleet); test_hostile.py and test_conformance.py keep
 what needs code that really runs (names a program made, a disk out of inodes, loop devices).
 """
 
@@ -44,26 +45,6 @@ def test_put_file_over_the_cap_is_413_and_nothing_is_written(contract: Contract)
         assert listing == []
         ok = c.post(f"/sessions/{sid}/files", files={"file": ("small.bin", b"x" * 1000)})
         assert ok.status_code == 201
-
-
-def test_a_fifo_and_a_directory_are_not_served_as_files(
-    fake: FakeApp, client: httpx.Client, session_id: str
-) -> None:
-    os.mkfifo(fake.workspace(session_id) / "pipe")
-    (fake.workspace(session_id) / "dir").mkdir()
-    assert client.get(f"/sessions/{session_id}/files", params={"path": "pipe"}).status_code == 404
-    assert client.get(f"/sessions/{session_id}/files", params={"path": "dir"}).status_code == 400
-
-
-def test_a_long_listing_is_cut_at_the_cap_and_says_so(
-    fake: FakeApp, client: httpx.Client, session_id: str
-) -> None:
-    many = fake.workspace(session_id) / "many"
-    many.mkdir()
-    for i in range(1, 1006):
-        (many / f"f{i}").touch()
-    body = client.get(f"/sessions/{session_id}/files/list", params={"path": "many"}).json()
-    assert body["truncated"] is True and len(body["files"]) == 1000
 
 
 def test_names_that_are_not_utf8_are_listed_and_served_escaped(

@@ -82,3 +82,12 @@ async def test_keys_that_could_escape_are_refused(object_store: ObjectStore, key
         await object_store.size(key)
     with pytest.raises((PathEscape, BadRequest)):
         await object_store.presign_post(key, 10, 60)
+
+
+async def test_put_new_stores_once_and_never_replaces(object_store: ObjectStore) -> None:
+    assert await object_store.put_new("claims/one", b"first")
+    assert not await object_store.put_new("claims/one", b"second")
+    assert await read_all(object_store, "claims/one") == b"first"
+    await object_store.delete("claims/one")
+    assert await object_store.put_new("claims/one", b"third")  # free again once deleted
+    assert await read_all(object_store, "claims/one") == b"third"

@@ -23,6 +23,7 @@ from sandbank.protocol.calls import ExecResult, PythonCall, ToolCall
 from tests.fakeapp import FakeApp, canned
 from tests.fleet.support import NODE_LIMITS, TOKEN
 from tests.fleet.test_front import CODE, capacity, create, node_of
+from tests.support import free_port
 
 
 async def one_variable(call: ToolCall, workspace: Path) -> ExecResult:
@@ -125,6 +126,20 @@ def test_the_front_reports_its_nodes_capacity_as_metrics(
     client.delete(f"/sessions/{sid}")
 
 
+def test_pause_and_resume_reach_the_node_holding_the_session(client: httpx.Client) -> None:
+    sid = create(client)
+    r = client.post(f"/sessions/{sid}/resume")  # running already: its handle, by its public id
+    assert r.status_code == 200 and r.json()["session_id"] == sid
+    assert r.json()["state"] == "running"
+    r = client.post(f"/sessions/{sid}/pause")  # the node's answer: fakes keep no snapshots
+    assert r.status_code == 409
+    assert r.json()["detail"] == (
+        "sessions cannot be paused on this server: its isolation (fake) keeps no snapshots"
+    )
+    assert client.post(f"/sessions/{sid[:-2]}xx/pause").status_code == 404
+    assert client.delete(f"/sessions/{sid}").status_code == 204
+
+
 def test_a_forged_or_altered_session_id_is_refused(client: httpx.Client) -> None:
     sid = create(client)
     node, local, mac = sid.split(".")
@@ -182,3 +197,83 @@ def test_dns_membership_and_tenants_through_a_front_with_exec_tokens() -> None:
             assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
             assert c.post(f"/sessions/{sid}/exec", json=CODE, headers=a).status_code == 404
             assert capacity(url)["sessions"] == 0
+
+
+def test_a_node_full_by_its_last_report_is_asked_and_makes_room() -> None:
+    """The front's count is a report old: sessions it placed since count as busy. A node that
+    is full by that count is asked all the same; it reclaims an idle session (as one server
+    does) and the client is not told the fleet is full."""
+    with fake_node("full-node", pool_size=0, max_sessions=2).serving() as url:
+        # One report, at the start: every placement after it is this front's own count.
+        f = fake_front(fleet_nodes=f"full-node={url}", fleet_refresh_seconds=60)
+        with f.running() as c:
+            sids = [create(c) for _ in range(4)]
+            assert capacity(url)["sessions"] == 2  # the two oldest were reclaimed
+            r = c.post(f"/sessions/{sids[-1]}/exec", json=CODE)
+            assert r.status_code == 200
+            assert c.post(f"/sessions/{sids[0]}/exec", json=CODE).status_code == 404
+
+
+def test_a_session_is_placed_on_a_node_that_offers_the_isolation_it_asks_for() -> None:
+    with contextlib.ExitStack() as stack:
+        urls = {
+            iso: stack.enter_context(fake_node(f"node-{iso}", isolation=iso).serving())
+            for iso in ("fork", "gvisor")
+        }
+        f = fake_front(fleet_nodes=",".join(f"node-{i}={u}" for i, u in urls.items()))
+        c = stack.enter_context(f.running())
+        for iso in ("gvisor", "fork", "gvisor", "fork"):
+            r = c.post("/sessions", json={"isolation": iso})
+            assert r.status_code == 201, r.text
+            assert node_of(r.json()["session_id"]) == f"node-{iso}"
+            assert r.json()["isolation"] == iso
+        r = c.post("/sessions", json={"isolation": "bwrap"})
+        assert r.status_code == 422
+        assert "'fork', 'gvisor'" in r.json()["detail"], r.text
+        assert capacity(urls["fork"])["isolations"] == ["fork"]
+
+
+def test_a_client_cannot_name_a_session_through_a_front(client: httpx.Client) -> None:
+    """The node's name header is the fronts' alone: a client's never passes a front (were it
+    passed, the node would give the named session back twice)."""
+    headers = {"x-sandbank-session-name": "someone-else"}
+    made = [client.post("/sessions", json={}, headers=headers).json()["session_id"] for _ in "ab"]
+    for sid in made:
+        client.delete(f"/sessions/{sid}")
+    assert made[0] != made[1]
+
+
+def _until_nodes_up(client: httpx.Client, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while client.get("/health").json()["nodes_up"] != count:
+        assert time.monotonic() < deadline, f"never {count} nodes up"
+        time.sleep(0.05)
+
+
+def test_a_lost_node_answers_gone_at_once_and_its_return_is_a_restart() -> None:
+    """A node that stops answering (its process gone: here its listener closed) makes its
+    sessions 404 at once; back under its name, it is another instance and they stay gone
+    (test_real_fleet.py has a node killed with SIGKILL)."""
+    port = free_port()
+    front = fake_front(fleet_nodes=f"node-1=http://127.0.0.1:{port}")
+    with front.running() as client:
+        with fake_node("node-1").serving(port):
+            _until_nodes_up(client, 1)
+            sid = create(client)
+            assert node_of(sid) == "node-1"
+        t0 = time.monotonic()
+        r = client.post(f"/sessions/{sid}/exec", json=CODE)
+        assert time.monotonic() - t0 < 2
+        assert r.status_code == 404 and "machine holding it (node-1)" in r.json()["detail"]
+        assert client.get(f"/sessions/{sid}/files/list").status_code == 404
+        assert client.delete(f"/sessions/{sid}").status_code == 204
+        r = client.post("/sessions", json={})  # nowhere left to place it
+        assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
+        assert client.get("/health").json()["nodes_up"] == 0
+        with fake_node("node-1").serving(port):  # back under its name
+            _until_nodes_up(client, 1)
+            r = client.post(f"/sessions/{sid}/exec", json=CODE)
+            assert r.status_code == 404
+            assert "machine holding it (node-1) restarted" in r.json()["detail"]
+            again = create(client)
+            assert client.post(f"/sessions/{again}/exec", json=CODE).status_code == 200

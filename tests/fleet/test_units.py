@@ -48,12 +48,19 @@ def members(*reports: Report, up: bool = True) -> list[Member]:
     return asyncio.run(make())
 
 
-def test_placement_never_picks_a_draining_full_or_down_node() -> None:
+def test_placement_never_picks_a_draining_or_down_node_and_a_full_one_last() -> None:
     rng = random.Random(1)
     ms = members(report(0, draining=True), report(4, idle=0), report(3))
     assert all(choose(ms, 2, rng, set()).name == "n2" for _ in range(20))  # type: ignore[union-attr]
-    assert choose(ms[:2], 2, rng, set()) is None
+    # Full by its last report: asked all the same (it answers 503 when it still is).
+    assert choose(ms[:2], 2, rng, set()).name == "n1"  # type: ignore[union-attr]
+    assert choose(ms[:2], 2, rng, {"n1"}) is None  # asked once already: no more
+    assert choose(members(report(0, draining=True)), 2, rng, set()) is None
     assert choose(members(report(0), up=False), 2, rng, set()) is None
+    # Of two full ones, the one that answered its last health check first.
+    two_full = members(report(4, idle=0), report(4, idle=0))
+    two_full[0].missed = 1
+    assert choose(two_full, 2, rng, set()).name == "n1"  # type: ignore[union-attr]
     # A full node whose sessions are idle can still reclaim one, as a single server does.
     assert choose(members(report(4, idle=1)), 2, rng, set()) is not None
 

@@ -115,6 +115,8 @@ CODE = {
     "plotly": PLOTLY_CODE,
     "nap": "import time\ntime.sleep(1.5)\nprint('rested')",
     "display": DISPLAY_CODE,
+    # Reads what an earlier question's code left in the namespace (CHART_CODE's `df`).
+    "recall": "print('ROWS', len(df))",
 }
 # Keyword in the question → the final answer (`{result}`: the tool's output as the model saw it).
 ANSWERS = {

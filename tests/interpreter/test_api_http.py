@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from sandbank import cli
 from sandbank.files.signing import UrlSigner
 from tests.fakeapp import BASE_URL, FakeApp
 from tests.interpreter.harness import Client, assert_error
+from tests.support import free_port
 
 
 class Server:
@@ -222,6 +224,28 @@ def test_a_second_question_while_running_is_409_and_cancel_ends_the_run(alice: C
     alice.ok("DELETE", f"/api/sessions/{sid}")
 
 
+def test_a_session_shows_whether_it_has_a_sandbox(alice: Client) -> None:
+    """`sandbox` (an addition): none before the first question and once a cancel ended it,
+    running after an answer (tests/interpreter/test_paused_chat.py shows it paused)."""
+    created = alice.ok("POST", "/api/sessions")
+    sid = created["session_id"]
+    assert created["sandbox"] == "none"
+    assert alice.ok("GET", f"/api/sessions/{sid}")["sandbox"] == "none"
+    alice.ask(sid, "Hello")
+    assert alice.wait(sid)["status"] == "DONE"
+    assert alice.ok("GET", f"/api/sessions/{sid}")["sandbox"] == "running"
+    listed = {s["session_id"]: s for s in alice.ok("GET", "/api/sessions")}
+    assert listed[sid]["sandbox"] == "running"
+    with_messages = alice.ok("GET", f"/api/sessions/{sid}", params={"include_messages_from": 0})
+    assert with_messages["sandbox"] == "running"
+    renamed = alice.ok("PATCH", f"/api/sessions/{sid}", json={"title": "named"})
+    assert renamed["sandbox"] == "running"
+    alice.ask(sid, "Please sleep")
+    alice.wait_for_status(sid, "running code")
+    assert alice.ok("POST", f"/api/sessions/{sid}/cancel")["sandbox"] == "none"
+    alice.ok("DELETE", f"/api/sessions/{sid}")
+
+
 def test_run_limits_per_user_and_in_total(server: Server, alice: Client, bob: Client) -> None:
     mine, mine_too, bobs = alice.new_session(), alice.new_session(), bob.new_session()
     alice.ask(mine, "sleep")
@@ -381,5 +405,41 @@ def test_the_served_schema_documents_the_additions(alice: Client) -> None:
     additions = doc["info"]["x-sandbank-additions"]
     assert "paths./api/uploads" in additions
     assert "paths./api/sessions/{session_id}/events" in additions
+    assert "components.schemas.Session.properties.sandbox" in additions
+    sandbox = doc["components"]["schemas"]["Session"]["properties"]["sandbox"]
+    assert sandbox["enum"] == ["running", "paused", "none"]
     assert doc["info"]["x-sandbank-error-codes"]["run_in_progress"] == 1110
     assert set(doc["components"]["schemas"]) >= {"ToolRecord", "TraceRecord", "ToolOutput"}
+
+
+def test_renaming_and_asking_again_refuse_what_they_cannot_do(alice: Client) -> None:
+    user = alice
+    sid = user.new_session()
+    r = user.http.post(f"/api/sessions/{sid}/retry")
+    assert r.status_code == 400 and "no question to ask again" in r.json()["message"]
+    for body in ({"title": 3}, {"name": "x"}, {"title": "x" * 201}):
+        assert user.http.patch(f"/api/sessions/{sid}", json=body).status_code == 400
+    renamed = user.ok("PATCH", f"/api/sessions/{sid}", json={"title": "  two\nlines\t here "})
+    assert renamed["title"] == "two lines here"
+    assert "title" not in user.ok("PATCH", f"/api/sessions/{sid}", json={"title": None})
+    r = user.http.delete(f"/api/sessions/{sid}/files", params={"filename": "none.csv"})
+    assert r.status_code == 404
+
+
+def test_an_unreachable_model_is_said_at_once_with_what_to_set() -> None:
+    """A model endpoint that does not answer (a closed loopback port): a question is refused
+    at once, naming the setting (tests/web/test_first_hour.py shows the page saying so)."""
+    fake = FakeApp(
+        configured_model=True,
+        llm_model="openai:gpt-fake",
+        llm_base_url=f"http://127.0.0.1:{free_port()}/v1",
+        llm_api_key="fake-key",
+    )
+    with fake.running(), Server(fake).new_user() as user:
+        sid = user.new_session()
+        started = time.monotonic()
+        r = user.http.post(f"/api/sessions/{sid}/messages", json={"content": "hi"})
+        assert time.monotonic() - started < 2.5
+        message = assert_error(r, 503, 1106)
+        assert re.search(r"cannot be reached.*SANDBANK_LLM_BASE_URL", message)
+        assert user.ok("GET", f"/api/sessions/{sid}/messages") == []  # nothing stored

@@ -1,8 +1,8 @@
 """The everyday commands: users, keys and sessions listed; `sandbank exec`.
 
-The admin commands run in-process against the data directory of the app over fakes, served by
-uvicorn on loopback (tests/fakeapp.py); `sandbank exec`, whose subject is real execution, runs
-as a command against a real server.
+The admin commands and `sandbank exec` run in-process against the app over fakes, served by
+uvicorn on loopback (tests/fakeapp.py), whose sandboxes remember `NAME = N`; what needs the real
+process (its log, a port in use) runs the command against a real server.
 """
 
 from __future__ import annotations
@@ -10,32 +10,26 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from unittest import mock
 
 import httpx
 import pytest
 
 from sandbank import cli
+from sandbank.protocol.calls import ExecResult, PythonCall, ToolCall
 from sandbank.startup import version
 from tests import support
-from tests.fakeapp import FakeApp
-from tests.interpreter.fake_llm import FakeLLM
-from tests.interpreter.harness import Client, Server, openai_env, running
-from tests.support import SANDBANK, data_dir
-from tests.tiers import needs
+from tests.fakeapp import FakeApp, canned
+from tests.interpreter.harness import Client
+from tests.support import SANDBANK, data_dir, free_port
 
 ADMIN = "admin-token-for-tests"
-
-
-@pytest.fixture(scope="module")
-@needs("root")
-def server(llm: FakeLLM) -> Iterator[Server]:
-    with running({**openai_env(llm.url), "SANDBANK_ADMIN_TOKEN": ADMIN}) as s:
-        yield s
 
 
 class Fake:
@@ -68,24 +62,31 @@ class Fake:
         return done.stdout
 
 
+_ASSIGN = re.compile(r"(\w+) = (\d+)")
+_PLUS_ONE = re.compile(r"(\w+) \+ 1")
+
+
+async def remembering(call: ToolCall, workspace: Path) -> ExecResult:
+    """`NAME = N` keeps N in the sandbox and `NAME + 1` shows N + 1; bash's `echo T >&2; exit C`
+    and Python's `sys.exit(C)` end as they say; the rest is canned."""
+    text = call.code if isinstance(call, PythonCall) else getattr(call, "command", "")
+    if isinstance(call, PythonCall) and (assigned := _ASSIGN.fullmatch(call.code)):
+        (workspace / f".{assigned.group(1)}").write_text(assigned.group(2))
+        return ExecResult()
+    if isinstance(call, PythonCall) and (plus := _PLUS_ONE.fullmatch(call.code)):
+        return ExecResult(stdout=f"{int((workspace / f'.{plus.group(1)}').read_text()) + 1}\n")
+    if failed := re.fullmatch(r"echo (\w+) >&2; exit (\d+)", text):
+        return ExecResult(stderr=f"{failed.group(1)}\n", return_code=int(failed.group(2)))
+    if exited := re.search(r"sys\.exit\((\d+)\)", text):
+        return ExecResult(return_code=int(exited.group(1)))
+    return await canned(call, workspace)
+
+
 @pytest.fixture(scope="module")
 def fake() -> Iterator[Fake]:
-    app = FakeApp(admin_token=ADMIN)
+    app = FakeApp(remembering, admin_token=ADMIN)
     with app.serving() as url:
         yield Fake(app, url)
-
-
-def sandbank(
-    server: support.Server, *args: str, stdin: str = ""
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [SANDBANK, *args],
-        env=server.env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_users_are_listed_with_their_keys(fake: Fake) -> None:
@@ -139,48 +140,49 @@ def test_sessions_are_listed_newest_first_with_a_title(fake: Fake) -> None:
     assert rows[1].endswith("…")
 
 
-def test_exec_prints_the_output_and_exits_with_the_return_code(server: Server) -> None:
-    done = sandbank(server, "exec", "--url", server.url, "-c", "print(6 * 7)")
+def test_exec_prints_the_output_and_exits_with_the_return_code(fake: Fake) -> None:
+    done = fake.run("exec", "--url", fake.url, "-c", "print(42)")
     assert (done.returncode, done.stdout) == (0, "42\n"), done.stderr
-    done = sandbank(server, "exec", "--url", server.url, "-b", "echo oops >&2; exit 4")
+    done = fake.run("exec", "--url", fake.url, "-b", "echo oops >&2; exit 4")
     assert (done.returncode, done.stdout, done.stderr) == (4, "", "oops\n")
-    done = sandbank(server, "exec", "--url", server.url, stdin="import sys\nsys.exit(3)\n")
+    with mock.patch("sys.stdin", io.StringIO("import sys\nsys.exit(3)\n")):
+        done = fake.run("exec", "--url", fake.url)
     assert done.returncode == 3
 
 
-def test_exec_can_keep_a_session_and_come_back_to_it(server: Server) -> None:
-    done = sandbank(server, "exec", "--url", server.url, "--keep", "-c", "x = 41")
+def test_exec_can_keep_a_session_and_come_back_to_it(fake: Fake) -> None:
+    done = fake.run("exec", "--url", fake.url, "--keep", "-c", "x = 41")
     assert done.returncode == 0, done.stderr
     session = done.stderr.strip().removeprefix("[session] ")
-    done = sandbank(server, "exec", "--url", server.url, "--session", session, "-c", "x + 1")
+    done = fake.run("exec", "--url", fake.url, "--session", session, "-c", "x + 1")
     assert (done.returncode, done.stdout) == (0, "42\n"), done.stderr
 
 
-def test_exec_takes_the_session_as_one_argument_too(server: Server) -> None:
-    done = sandbank(server, "exec", "--url", server.url, "--keep", "-c", "y = 1")
+def test_exec_takes_the_session_as_one_argument_too(fake: Fake) -> None:
+    done = fake.run("exec", "--url", fake.url, "--keep", "-c", "y = 1")
     session = done.stderr.strip().removeprefix("[session] ")
     assert not session.startswith("-")
-    done = sandbank(server, "exec", "--url", server.url, f"--session={session}", "-c", "y + 1")
+    done = fake.run("exec", "--url", fake.url, f"--session={session}", "-c", "y + 1")
     assert (done.returncode, done.stdout) == (0, "2\n"), done.stderr
 
 
-def test_exec_says_a_session_ended_with_a_server_restart(machine: None) -> None:
-    with data_dir() as data:
-        server = support.Server(data, isolation="none")
-        server.start()
-        try:
-            done = sandbank(server, "exec", "--url", server.url, "--keep", "-c", "z = 1")
-            session = done.stderr.strip().removeprefix("[session] ")
-            server.stop()
-            server.start()
-            done = sandbank(server, "exec", "--url", server.url, f"--session={session}", "-c", "z")
-        finally:
-            server.stop()
+def test_exec_says_a_session_ended_with_a_server_restart() -> None:
+    """The server is the app over fakes, served on one port, then served again (a new process
+    would be a new instance: sessions live in its memory)."""
+    port = free_port()
+    first = FakeApp(remembering, admin_token=ADMIN)
+    with first.serving(port) as url:
+        done = Fake(first, url).run("exec", "--url", url, "--keep", "-c", "z = 1")
+        session = done.stderr.strip().removeprefix("[session] ")
+    again = FakeApp(remembering, admin_token=ADMIN)
+    with again.serving(port) as url:
+        done = Fake(again, url).run("exec", "--url", url, f"--session={session}", "-c", "z + 1")
     assert done.returncode == 1
     assert done.stderr == (
         f"sandbank: running the code failed: session {session!r} ended when the server "
-        "restarted (sessions live in the server's memory and end with it): create a new session "
-        "and run your code again\n"
+        "restarted, and no snapshot of it was kept (it was running when the server stopped "
+        "without pausing it, and never checkpointed): create a new session and run your code "
+        "again\n"
     )
 
 

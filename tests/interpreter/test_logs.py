@@ -1,15 +1,25 @@
-"""Logs and metrics of a real server at debug level: JSON lines with request ids, no secret.
-A failing model's log line and count are tested over fakes in test_time_and_files.py.
+"""Logs and metrics: a real server's at debug level, JSON lines with request ids and no secret;
+control characters in a client's path never forging a line (over fakes, with this process's log
+set up as the server's). A failing model's log line and count are tested over fakes in
+test_time_and_files.py.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import time
-from pathlib import Path
+from collections.abc import Iterator
+from unittest import mock
 
 import httpx
+import pytest
 
+from sandbank import logs
+from sandbank.config import Settings
+from tests.fakeapp import FakeApp
 from tests.interpreter.fake_llm import FakeLLM
 from tests.interpreter.harness import openai_env, running
 
@@ -92,40 +102,63 @@ def _send_raw(port: int, path: str) -> bytes:
         return conn.recv(65536)
 
 
-def _after_access_lines(log: Path, count: int) -> str:
+def _after_access_lines(log: io.StringIO, count: int) -> str:
     """The log once it has `count` access lines of 404s (each is written after its answer)."""
     deadline = time.monotonic() + 10
     while True:
-        text = log.read_text()
+        text = log.getvalue()
         if text.count(" 404 ") >= count or time.monotonic() > deadline:
             return text
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def process_log(log_format: str) -> Iterator[io.StringIO]:
+    """This process's log set up as `sandbank serve` sets it up (logs.setup), written into a
+    buffer; the test run's own logging given back after."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    quiet = {name: logging.getLogger(name).level for name in logs.QUIET}
+    out = io.StringIO()
+    with mock.patch("sys.stderr", out):
+        logs.setup(Settings(log_level="info", log_format=log_format))
+    try:
+        yield out
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+        for name, was in quiet.items():
+            logging.getLogger(name).setLevel(was)
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
 def test_control_characters_a_client_puts_in_a_path_never_forge_a_log_line(
-    machine: None,
+    log_format: str,
 ) -> None:
-    for log_format in ("text", "json"):
-        env = {"SANDBANK_LOG_LEVEL": "info", "SANDBANK_LOG_FORMAT": log_format}
-        with running(env) as server:
-            for path in HOSTILE_PATHS:
-                assert _send_raw(server.port, path).startswith(b"HTTP/1.1 404")
-            log = _after_access_lines(server.log, len(HOSTILE_PATHS))
-        lines = log.splitlines()
-        assert not any(line.startswith(FORGED) for line in lines), log
-        assert "\x1b" not in log and "\u2028" not in log and "\x85" not in log
-        if log_format == "text":
-            # Every line is a record of its own (a timestamp first), the escapes on its line.
-            assert all(line[:4].isdigit() for line in lines if line.strip()), log
-            assert f"GET /api/nothing\\x0a{FORGED} 404" in log
-            assert f"GET /api/nothing\\x0d\\x0a{FORGED} 404" in log
-            assert f"GET /nothing\\x1b[2J\\u2028{FORGED}\\x85x 404" in log
-        else:
-            records = [json.loads(line) for line in lines if line.strip()]
-            access = [r for r in records if r["logger"] == "sandbank.access"]
-            paths = {r["path"] for r in access if r["status"] == 404 and r["method"] == "GET"}
-            assert paths == {
-                f"/api/nothing\n{FORGED}",
-                f"/api/nothing\r\n{FORGED}",
-                f"/nothing\x1b[2J\u2028{FORGED}\x85x",
-            }
+    """Over the app on fakes, served on loopback in this process (tests/fakeapp.py)."""
+    with process_log(log_format) as out, FakeApp(log_level="info").serving() as url:
+        port = int(url.rsplit(":", 1)[1])
+        for path in HOSTILE_PATHS:
+            assert _send_raw(port, path).startswith(b"HTTP/1.1 404")
+        log = _after_access_lines(out, len(HOSTILE_PATHS))
+    lines = log.splitlines()
+    assert not any(line.startswith(FORGED) for line in lines), log
+    assert "\x1b" not in log and "\u2028" not in log and "\x85" not in log
+    if log_format == "text":
+        # Every line is a record of its own (a timestamp first), the escapes on its line.
+        assert all(line[:4].isdigit() for line in lines if line.strip()), log
+        assert f"GET /api/nothing\\x0a{FORGED} 404" in log
+        assert f"GET /api/nothing\\x0d\\x0a{FORGED} 404" in log
+        assert f"GET /nothing\\x1b[2J\\u2028{FORGED}\\x85x 404" in log
+    else:
+        records = [json.loads(line) for line in lines if line.strip()]
+        access = [r for r in records if r["logger"] == "sandbank.access"]
+        paths = {r["path"] for r in access if r["status"] == 404 and r["method"] == "GET"}
+        assert paths == {
+            f"/api/nothing\n{FORGED}",
+            f"/api/nothing\r\n{FORGED}",
+            f"/nothing\x1b[2J\u2028{FORGED}\x85x",
+        }

@@ -80,6 +80,7 @@ def check_life_on_s3(client: Client, llm: FakeLLM) -> None:
     client.ask(sid, "Draw a chart of data.csv")
     session = client.wait(sid)
     assert session["status"] == "DONE", session
+    assert session["sandbox"] == "running"  # read from the remote backend's listing
     assert llm.paths[asked:] and all(p == "/v1/messages" for p in llm.paths[asked:])
     history = client.ok("GET", f"/api/sessions/{sid}/messages")
     tool = [json.loads(m["content"]) for m in history if m["role"] == "tool"]

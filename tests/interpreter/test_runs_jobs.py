@@ -19,7 +19,13 @@ from sandbank.agent.scripted import ScriptedModel, answer
 from sandbank.config import Settings
 from sandbank.files.memory import MemoryObjectStore
 from sandbank.interpreter.files import SessionFiles
-from sandbank.interpreter.runs import HANDED_BACK, RESUME_NOTE, WORKER_LOST, Runs
+from sandbank.interpreter.runs import (
+    FRESH_SANDBOX,
+    HANDED_BACK,
+    RESUME_NOTE,
+    WORKER_LOST,
+    Runs,
+)
 from sandbank.sandbox.backends.fake import FakeBackend
 from sandbank.sandbox.local import LocalSandboxes
 from sandbank.store.memory import memory_store
@@ -114,7 +120,7 @@ async def test_a_run_taken_over_is_resumed_and_its_old_replica_writes_nothing(
     await resumer.tick()  # r2 claims the run (attempt 2) and resumes it
     assert await fleet.wait_until_ended(sid) == ("DONE", None)
     messages, _ = resumer_model.calls[0]
-    assert messages[-1] == UserMessage(RESUME_NOTE)
+    assert messages[-1] == UserMessage(RESUME_NOTE.format(sandbox=FRESH_SANDBOX))
     assert UserMessage("why?") in messages  # the question, as history
 
     await stalled.tick()  # r1 learns it lost the run, and stops it
@@ -241,3 +247,31 @@ async def test_an_answer_already_stored_is_never_given_twice(fleet: Fleet) -> No
     assert model.calls == []
     answers = [m.content for m in await fleet.store.chats.messages(other) if m.role == "assistant"]
     assert answers == ["first"]
+
+
+async def test_a_sandbox_on_another_replicas_machine_is_not_said_to_be_gone(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state of a chat's sandbox: running where it lives; left out by a replica that cannot
+    see it (local sandboxes) or cannot list them now; none for a chat that never had one."""
+    here = await fleet.replica(answering("done"), "r1")
+    elsewhere = await fleet.replica(answering("unused"), "r2")
+    asked = await fleet.question(here)
+    assert await fleet.wait_until_ended(asked) == ("DONE", None)
+    user = await fleet.store.accounts.get_user("alice")
+    assert user is not None
+    new = (await fleet.store.chats.create(user.id, 3600)).id
+    assert await here.sandbox_states(user.id, [asked, new]) == {asked: "running", new: "none"}
+    assert await elsewhere.sandbox_states(user.id, [asked, new]) == {new: "none"}
+
+    async def hangs(tenant: str) -> list[object]:
+        await anyio.sleep(3600)
+        return []
+
+    monkeypatch.setattr("sandbank.interpreter.runs.STATE_READ_S", 0.05)
+    monkeypatch.setattr(fleet.sandboxes[0], "list_sessions", hangs)
+    with anyio.fail_after(2):
+        assert await here.sandbox_states(user.id, [asked]) == {}
+    await here.stop(asked, None)  # its sandbox ended: this replica would see it
+    monkeypatch.undo()
+    assert await here.sandbox_states(user.id, [asked]) == {asked: "none"}

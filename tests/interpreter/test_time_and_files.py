@@ -1,5 +1,5 @@
 """The interpreter API over fakes across time and files: no model, a failing model, expiry,
-file metrics.
+file metrics, a deleted upload.
 
 The app runs in-process (tests/fakeapp.py); test_lifecycle.py keeps, on real servers, what
 needs a process (restart recovery, SIGTERM).
@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sandbank.protocol.calls import ExecResult, PythonCall, ToolCall
 from tests.agent.fake_llm_servers import openai_error, serve
-from tests.fakeapp import FakeApp
+from tests.fakeapp import FakeApp, canned
 from tests.interpreter.harness import Client, assert_error
 
 
@@ -119,3 +121,35 @@ def test_a_model_failure_is_logged_for_the_operator_and_counted(
     assert "HTTP 500" in log
     assert 'sandbank_model_calls_total{outcome="error"} 1.0' in metrics
     assert LLM_KEY not in log and LLM_KEY not in metrics
+
+
+async def reading_data(call: ToolCall, workspace: Path) -> ExecResult:
+    """`chart` reads data.csv, failing as pandas does where the sandbox has none; the rest is
+    canned."""
+    missing = not (workspace / "data.csv").is_file()
+    if isinstance(call, PythonCall) and call.code == "chart" and missing:
+        trace = "Traceback (most recent call last):\nFileNotFoundError: data.csv\n"
+        return ExecResult(stderr=trace, return_code=1)
+    return await canned(call, workspace)
+
+
+def test_a_deleted_upload_is_gone_for_the_code_too() -> None:
+    fake = FakeApp(reading_data)
+    with fake.running():
+        client = user(fake)
+        sid = client.new_session()
+        assert upload(fake, client, sid, "data.csv", b"name,value\na,1\n") == 204
+        client.ask(sid, "chart please")  # reads data.csv, which its sandbox now holds
+        assert client.wait(sid)["status"] == "DONE"
+        first = client.ok("GET", f"/api/sessions/{sid}/messages")
+        assert "FileNotFoundError" not in first[-1]["content"]
+        assert (
+            client.ok("DELETE", f"/api/sessions/{sid}/files", params={"filename": "data.csv"}) == {}
+        )
+        again = client.ask(sid, "chart please")
+        client.wait(sid)
+        after = client.ok(
+            "GET", f"/api/sessions/{sid}/messages", params={"from": again["timestamp"]}
+        )
+    answer = [m["content"] for m in after if m["role"] == "assistant" and not m["internal"]]
+    assert "FileNotFoundError" in answer[-1]  # the sandbox no longer holds the deleted file

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx2
-from mcp import Client
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, ImageContent, Implementation, ResourceLink, TextContent
+
+from tests.support import SANDBANK
 
 MODERN = "2026-07-28"
 LEGACY = "2025-11-25"
@@ -63,3 +67,14 @@ def leaves(error: BaseException) -> list[BaseException]:
     if isinstance(error, BaseExceptionGroup):
         return [leaf for inner in error.exceptions for leaf in leaves(inner)]
     return [error]
+
+
+@contextlib.asynccontextmanager
+async def stdio(
+    args: list[str], env: dict[str, str], mode: str, log: Path
+) -> AsyncIterator[Client]:
+    """`sandbank ARGS` as an MCP server on stdio, its log appended to `log`."""
+    params = StdioServerParameters(command=SANDBANK, args=args, env=env)
+    with log.open("a") as errlog:
+        async with Client(stdio_client(params, errlog=errlog), mode=mode) as client:
+            yield client

@@ -31,8 +31,9 @@ from sandbank.protocol.calls import (
 from sandbank.protocol.sessions import SessionSpec
 from sandbank.sandbox.backends.fake import FakeBackend
 from sandbank.sandbox.local import LocalSandboxes
-from tests.mcp.support import ERAS, MODERN, http_client, images, links, text
-from tests.support import data_dir, settings
+from tests.fakeapp import FakeApp, canned
+from tests.mcp.support import ERAS, MODERN, http_client, images, links, stdio, text
+from tests.support import data_dir, env_for, settings
 
 pytestmark = pytest.mark.anyio
 TOKENS = "tok-alice-0123456789,tok-bob-9876543210"
@@ -109,7 +110,7 @@ async def test_tools_are_listed_for_a_model_and_cacheable(app: Any, mode: str) -
         names = [t.name for t in listed.tools]
         assert names == [
             "run_python", "run_bash", "text_editor", "list_files", "read_file", "write_file",
-            "start_session", "end_session",
+            "start_session", "end_session", "pause_session", "resume_session",
         ]  # fmt: skip
         for tool in listed.tools:
             assert tool.description and len(tool.description) > 40
@@ -219,6 +220,16 @@ async def test_a_handle_names_one_session_and_belongs_to_its_token(app: Any, mod
         with pytest.raises(MCPError, match="resource not found"):
             await bob.read_resource(f"sandbank://sessions/{sid}/files/a.txt")
         assert len(sandbox.calls) == 2
+        # The handle is the code-execution API's own session id, for its token only.
+        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=asgi)) as api:
+            listed = [
+                await api.get(
+                    f"http://localhost/sessions/{sid}/files/list",
+                    headers={"Authorization": f"Bearer {token}"},
+                )
+                for token in (BOB, ALICE)
+            ]
+        assert [r.status_code for r in listed] == [404, 200]
         await alice.call_tool("end_session", {"session_id": sid})
         r = await alice.call_tool("run_python", {"code": "d", "session_id": sid})
         assert r.is_error and "Session not found" in text(r)
@@ -425,3 +436,42 @@ async def test_a_raw_2026_request_gets_one_json_answer(app: Any) -> None:
     result = r.json()["result"]
     assert result["content"][0] == {"type": "text", "text": "ran ls"}
     assert result["isError"] is False
+
+
+async def keeping(call: ToolCall, workspace: Path) -> ExecResult:
+    """`v = 5` keeps 5 in the sandbox and `print(v * 2)` prints 10; the rest is canned."""
+    if isinstance(call, PythonCall) and call.code == "v = 5":
+        (workspace / ".v").write_text("5")
+        return ExecResult()
+    if isinstance(call, PythonCall) and call.code == "print(v * 2)":
+        return ExecResult(stdout=f"{int((workspace / '.v').read_text()) * 2}\n")
+    return await canned(call, workspace)
+
+
+async def test_stdio_over_a_running_server() -> None:
+    """`sandbank mcp --url` (a real process) bridges stdio to a server's door: the app over
+    fakes, served on loopback."""
+    fake = FakeApp(keeping, exec_tokens=TOKENS, interpreter_api="off")
+    with fake.serving() as url, data_dir() as d:
+        env = {**env_for(d), "SANDBANK_SANDBOX_TOKEN": ALICE}
+        async with stdio(["mcp", "--url", url], env, "auto", d / "mcp.log") as client:
+            r = await client.call_tool("start_session", {})
+            assert r.structured_content is not None
+            sid = r.structured_content["session_id"]
+            await client.call_tool("run_python", {"code": "v = 5", "session_id": sid})
+        # The session is the server's, under the token's tenant.
+        async with http_client(f"{url}/mcp", ALICE) as client:
+            r = await client.call_tool("run_python", {"code": "print(v * 2)", "session_id": sid})
+            assert text(r) == "10"
+        async with http_client(f"{url}/mcp", BOB) as client:
+            r = await client.call_tool("run_python", {"code": "print(v * 2)", "session_id": sid})
+            assert r.is_error and "Session not found" in text(r)
+
+
+async def test_pausing_where_the_isolation_keeps_no_snapshots_is_an_error_result(app: Any) -> None:
+    async with http_client(URL, ALICE, app=app[0], mode="auto") as client:
+        sid = (await client.call_tool("start_session", {})).structured_content["session_id"]
+        r = await client.call_tool("pause_session", {"session_id": sid})
+        assert r.is_error and "cannot be paused" in text(r)
+        r = await client.call_tool("run_python", {"code": "print(1)", "session_id": sid})
+        assert not r.is_error  # and it goes on

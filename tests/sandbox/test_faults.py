@@ -153,9 +153,17 @@ async def test_the_runtime_is_told_why_an_interpreter_is_replaced(sb: Shell) -> 
     await sb.py("kept = 1")
     assert (await sb.py("import os; os.kill(os.getpid(), 9)")).return_code == 137
     await sb.py(FORGE_FRAME.format(frame=b"\x00\x00\x00\x03abc"))
-    stubborn = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "open('stubborn-runs', 'w').close(); time.sleep(60)"
+    )
     call = asyncio.create_task(sb.py(stubborn))
-    await asyncio.sleep(1)
+    # Once it runs (a restarted interpreter may take a second to start: gvisor's cold start)
+    for _ in range(300):
+        if (sb.session.sandbox.workspace / "stubborn-runs").exists():
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)
     call.cancel()  # a cancelled run: its code ignores the interrupt, so the worker goes
     with contextlib.suppress(asyncio.CancelledError):
         await call

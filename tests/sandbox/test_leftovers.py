@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from sandbank.sandbox.backends.base import instance_id
-from tests.support import Server, data_dir
+from tests.support import Server, data_dir, unmount_under
 
 HIERARCHIES = ("memory", "pids", "cpu", "unified")
 
@@ -83,6 +83,7 @@ def test_the_next_server_sweeps_what_a_killed_one_left(isolation: str, machine: 
             for server in (killed, second):
                 if server.proc is not None and server.proc.poll() is None:
                     server.stop()
+            unmount_under(first_dir)  # the killed server's workspaces: nobody else will
             for path in sorted(locks.rglob("*"), reverse=True):
                 path.rmdir() if path.is_dir() else path.unlink()
             os.rmdir(locks)

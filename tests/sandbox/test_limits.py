@@ -8,7 +8,7 @@ import pytest
 
 from sandbank.protocol.calls import RC_KILLED, RC_TIMEOUT
 from sandbank.sandbox.backends.base import INTERPRETERS, LIMITS
-from tests.sandbox.conftest import Shell
+from tests.sandbox.conftest import NOT_GVISOR, Shell
 
 pytestmark = [pytest.mark.anyio, pytest.mark.claims(INTERPRETERS)]
 
@@ -28,6 +28,7 @@ async def test_memory_limit_kills_with_a_clear_message_and_next_call_gets_fresh_
 
 
 @pytest.mark.claims(LIMITS)
+@pytest.mark.only_backends(*NOT_GVISOR)  # gVisor's own bound: test_gvisor.py
 async def test_process_limit_contains_a_fork_bomb(sb: Shell) -> None:
     limit = sb.runtime.settings.pids_limit
     r = await sb.py(
@@ -45,6 +46,7 @@ async def test_process_limit_contains_a_fork_bomb(sb: Shell) -> None:
 
 
 @pytest.mark.claims(LIMITS)
+@pytest.mark.only_backends(*NOT_GVISOR)  # gVisor's own clocks count throttled time: test_gvisor.py
 async def test_cpu_is_throttled_to_the_quota(sb: Shell) -> None:
     cpus = sb.runtime.settings.cpu_limit
     r = await sb.py(

@@ -63,6 +63,18 @@ async def test_a_chat_remembers_where_its_sandbox_lives(store: Store) -> None:
     assert await store.chats.sandbox("missing") == (None, None)
 
 
+async def test_the_sandboxes_of_a_users_chats_are_read_at_once(store: Store) -> None:
+    first, second = await new_chat(store), await new_chat(store)
+    others = await new_chat(store, "bob")
+    for n, sid in enumerate((first, others)):
+        await store.chats.note_sandbox(sid, "r1", f"sandbox-{n}")
+    chat = await store.chats.get(first)
+    assert chat is not None
+    assert await store.chats.sandboxes_of(chat.user_id) == {first: ("r1", "sandbox-0")}
+    assert second not in await store.chats.sandboxes_of(chat.user_id)
+    assert await store.chats.sandboxes_of("nobody") == {}
+
+
 # --- messages (written by the run holding the chat's lease) ----------------------------------
 
 

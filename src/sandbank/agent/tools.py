@@ -13,6 +13,20 @@ EDITOR_TOOL = "str_replace_based_edit_tool"
 
 EDITOR_COMMANDS = ("view", "create", "str_replace", "insert")
 
+
+def _arguments(
+    optional: dict[str, dict[str, Any]] | None = None, **required: dict[str, Any]
+) -> dict[str, Any]:
+    """A tool's JSON schema: an object of these properties (the keyword ones required), and
+    no others."""
+    return {
+        "type": "object",
+        "properties": {**required, **(optional or {})},
+        "required": list(required),
+        "additionalProperties": False,
+    }
+
+
 TOOL_SPECS: list[ToolSpec] = [
     ToolSpec(
         name=PYTHON_TOOL,
@@ -22,22 +36,12 @@ TOOL_SPECS: list[ToolSpec] = [
             "prints, errors, and the names of files it produced. Open matplotlib figures are "
             "saved as PNG files automatically."
         ),
-        parameters={
-            "type": "object",
-            "properties": {"code": {"type": "string", "description": "Python code to run."}},
-            "required": ["code"],
-            "additionalProperties": False,
-        },
+        parameters=_arguments(code={"type": "string", "description": "Python code to run."}),
     ),
     ToolSpec(
         name=BASH_TOOL,
         description="Run a bash command in /workspace. There is no internet access.",
-        parameters={
-            "type": "object",
-            "properties": {"command": {"type": "string", "description": "The command."}},
-            "required": ["command"],
-            "additionalProperties": False,
-        },
+        parameters=_arguments(command={"type": "string", "description": "The command."}),
     ),
     ToolSpec(
         name=EDITOR_TOOL,
@@ -47,11 +51,10 @@ TOOL_SPECS: list[ToolSpec] = [
             "occurrence of `old_str` with `new_str`; `insert` puts `new_str` after line "
             "`insert_line` (0 = top)."
         ),
-        parameters={
-            "type": "object",
-            "properties": {
-                "command": {"type": "string", "enum": list(EDITOR_COMMANDS)},
-                "path": {"type": "string", "description": "File path, e.g. /workspace/a.py."},
+        parameters=_arguments(
+            command={"type": "string", "enum": list(EDITOR_COMMANDS)},
+            path={"type": "string", "description": "File path, e.g. /workspace/a.py."},
+            optional={
                 "file_text": {"type": "string"},
                 "old_str": {"type": "string"},
                 "new_str": {"type": "string"},
@@ -64,9 +67,7 @@ TOOL_SPECS: list[ToolSpec] = [
                     "description": "[first, last] line to show; last -1 means to the end.",
                 },
             },
-            "required": ["command", "path"],
-            "additionalProperties": False,
-        },
+        ),
     ),
 ]
 

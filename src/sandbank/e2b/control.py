@@ -23,6 +23,7 @@ from ..egress.policy import NetworkPolicy
 from ..errors import (
     AtCapacity,
     BadRequest,
+    Conflict,
     SandbankError,
     SandboxUnavailable,
     SessionNotFound,
@@ -140,7 +141,7 @@ class ControlPlane:
             "memoryMB": self.settings.memory_limit_mb,
             "diskSizeMB": self.settings.disk_limit_mb,
             "metadata": metadata_of(info),
-            "state": "running",
+            "state": info.state,
             "envdVersion": ENVD_VERSION,
             "volumeMounts": [],
         }
@@ -180,10 +181,12 @@ class ControlPlane:
         states = [s for s in (query.get("state") or "").split(",") if s]
         if any(s not in ("running", "paused") for s in states):
             raise BadRequest(f"state must be running or paused, not {','.join(states)}")
-        if states and "running" not in states:
-            return []  # no sandbox is ever paused here
         found = await self.sandboxes.list_sessions(tenant)
-        return [i for i in found if all(metadata_of(i).get(k) == v for k, v in wanted.items())]
+        return [
+            i for i in found
+            if (not states or i.state in states)
+            and all(metadata_of(i).get(k) == v for k, v in wanted.items())
+        ]  # fmt: skip
 
     async def list_v1(self, request: Request) -> Response:
         tenant = self.tenant(request)
@@ -217,20 +220,33 @@ class ControlPlane:
         return Response(status_code=204)
 
     async def pause(self, request: Request) -> Response:
+        """A running sandbox is paused (204: its processes end, its state kept on disk); one
+        already paused is E2B's 409."""
         _, tenant, session = self.sandbox(request)
-        await self.sandboxes.get(session, tenant)
-        return api_error(501, "pausing a sandbox is not supported by this server yet")
+        info = await self.sandboxes.get(session, tenant)
+        if info.state == "paused":
+            return api_error(409, f"sandbox {self.ids.public(tenant, session)} is already paused")
+        try:
+            await self.sandboxes.pause(session, tenant)
+        except Conflict as e:  # this server's isolation cannot pause (E2B's 409 means "paused")
+            return api_error(501, str(e))
+        return Response(status_code=204)
 
     async def connect(self, request: Request) -> Response:
-        """A running sandbox answers as created (200); its timeout only grows."""
+        """A running sandbox answers as created (200); a paused one is resumed first (201). Its
+        timeout only grows."""
         _, tenant, session = self.sandbox(request)
         body = await _json(request)
         info = await self.sandboxes.get(session, tenant)
+        status = 200
+        if info.state == "paused":
+            info = await self.sandboxes.resume(session, tenant)
+            status = 201
         if body.get("timeout") is not None:
             seconds = _seconds(body.get("timeout"), None)
             if info.expires_at < _now() + seconds:
                 info = await self.sandboxes.set_lifetime(session, tenant, seconds)
-        return JSONResponse(self.created(tenant, info), status_code=200)
+        return JSONResponse(self.created(tenant, info), status_code=status)
 
     async def metrics(self, request: Request) -> Response:
         _, tenant, session = self.sandbox(request)

@@ -338,6 +338,9 @@ class Terminated:
                 await asyncio.wait_for(self.writer.drain(), 5.0)
 
     def _drop_upstream(self) -> None:
+        """Done with the upstream: its socket is closed now. (A TLS close would first wait for
+        the upstream's close_notify, up to 30 s, and a server that never sends it would hold
+        the socket until the garbage collector found it.) Nothing is left to send it."""
         if self.upstream is not None:
-            self.upstream[1].close()
+            self.upstream[1].transport.abort()
             self.upstream = None

@@ -36,6 +36,8 @@ class BesideApi:
             ("/sessions", "GET", self.list_sessions),
             (on, "GET", self.get_session),
             (f"{on}/lifetime", "POST", self.set_lifetime),
+            (f"{on}/pause", "POST", self.pause),
+            (f"{on}/resume", "POST", self.resume),
             (f"{on}/credentials", "GET", self.list_session_credentials),
             (f"{on}/credentials", "PUT", self.replace_session_credentials),
             (f"{on}/credentials/{{credential_id}}", "DELETE", self.remove_session_credential),
@@ -82,6 +84,13 @@ class BesideApi:
 
     async def get_session(self, request: Request) -> Response:
         return JSONResponse(codec.encode_handle(await self.sandboxes.get(*self._caller(request))))
+
+    async def pause(self, request: Request) -> Response:
+        return JSONResponse(codec.encode_handle(await self.sandboxes.pause(*self._caller(request))))
+
+    async def resume(self, request: Request) -> Response:
+        info = await self.sandboxes.resume(*self._caller(request))
+        return JSONResponse(codec.encode_handle(info))
 
     async def set_lifetime(self, request: Request) -> Response:
         body = additions.body_of(await json_body(request))

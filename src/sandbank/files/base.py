@@ -65,6 +65,11 @@ class ObjectStore(Protocol):
         """
         ...
 
+    async def put_new(self, key: str, data: bytes) -> bool:
+        """Store a small object only if no object has this key: False when one has. Atomic
+        across every process on the store (S3's conditional write), so it claims a key once."""
+        ...
+
     async def open(self, key: str) -> AsyncIterator[bytes]:
         """The object's bytes in chunks; raises `NotFound` now (not mid-stream) when missing."""
         ...

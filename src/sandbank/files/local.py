@@ -69,6 +69,25 @@ class LocalObjectStore(SignedUrls):
         finally:
             temp.unlink(missing_ok=True)
 
+    async def put_new(self, key: str, data: bytes) -> bool:
+        check_key(key)
+        with _full_is_storage_full():
+            return await anyio.to_thread.run_sync(self._put_new_sync, key, data)
+
+    def _put_new_sync(self, key: str, data: bytes) -> bool:
+        fd, temp = self._temp()
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            try:
+                # link() never replaces: of two processes, one makes the name, the other fails.
+                os.link(temp, self._path(key, create_parents=True))
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            temp.unlink(missing_ok=True)
+
     def _open_fd(self, key: str) -> int:
         try:
             return os.open(self._path(key), os.O_RDONLY | os.O_NOFOLLOW)

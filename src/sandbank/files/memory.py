@@ -27,6 +27,13 @@ class MemoryObjectStore(SignedUrls):
         else:
             self._objects[key] = await anyio.to_thread.run_sync(source.read)
 
+    async def put_new(self, key: str, data: bytes) -> bool:
+        check_key(key)
+        if key in self._objects:
+            return False
+        self._objects[key] = data
+        return True
+
     def _get(self, key: str) -> bytes:
         check_key(key)
         try:

@@ -25,6 +25,8 @@ from sandbank.files.base import (
 
 T = TypeVar("T")
 _MISSING = {"404", "NoSuchKey", "NotFound"}
+# A conditional write lost: the key exists, or another writer's is in progress.
+_TAKEN = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 _DELETE_BATCH = 1000  # DeleteObjects' limit
 
 
@@ -88,6 +90,20 @@ class S3ObjectStore:
             await self._call(key, lambda: self._client.upload_file(str(source), self._bucket, full))
         else:
             await self._call(key, lambda: self._client.upload_fileobj(source, self._bucket, full))
+
+    async def put_new(self, key: str, data: bytes) -> bool:
+        full = self._full(key)
+
+        def put() -> bool:
+            try:
+                self._client.put_object(Bucket=self._bucket, Key=full, Body=data, IfNoneMatch="*")
+            except ClientError as exc:
+                if str(exc.response.get("Error", {}).get("Code", "")) in _TAKEN:
+                    return False
+                raise
+            return True
+
+        return await self._call(key, put)
 
     async def open(self, key: str) -> AsyncIterator[bytes]:
         full = self._full(key)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,14 +22,17 @@ from starlette.routing import Route
 from ..config import Settings
 from ..errors import (
     AtCapacity,
+    ProtocolError,
     SandbankError,
     SandboxError,
     SessionNotFound,
+    Unprocessable,
 )
 from ..http.bodies import read_body
 from ..protocol.http1 import Http1Client, Reply, TransportFailed
 from .ids import SessionIds
 from .membership import Member, Membership
+from .moves import move_key
 from .node import INSTANCE_HEADER, INSTANCE_LENGTH
 from .placement import choose
 
@@ -37,6 +41,7 @@ HTTP_SLACK_S = 15.0  # a node answers a call by its deadline + 5 s; this covers 
 CREATE_BODY_MAX = 64 * 1024
 MAX_EXEC_BODY = 16 * 1024 * 1024
 PLACEMENT_TRIES = 3
+MOVED_CACHE = 10_000  # where moved sessions were found last (any front finds them again)
 # What passes from a client to a node, and back.
 REQUEST_HEADERS = ("content-type", "content-length", "accept")
 RESPONSE_HEADERS = (
@@ -78,6 +83,8 @@ class Fleet:
         self.call_timeout = settings.exec_timeout_max + HTTP_SLACK_S
         self._clients: dict[str, Http1Client] = {}
         self._auth = f"Bearer {self.token}"
+        # A moved session's key -> (node, its instance, the node's id): a hint, checked on use.
+        self._moved: dict[str, tuple[str, str, str]] = {}
 
     async def start(self) -> None:
         await self.membership.start()
@@ -133,34 +140,126 @@ class Fleet:
         finally:
             member.calls.discard(task)
 
-    def route(self, tenant: str, public: str) -> tuple[Member, str]:
-        """(its node, the node's own id) of a session; 404 for an id the fleet did not sign,
-        and a clear 404 when its node is gone or restarted (its state is lost)."""
+    async def route(self, tenant: str, public: str) -> tuple[Member, str]:
+        """(its node, the node's own id) of a session; 404 for an id the fleet did not sign.
+
+        The node the id names holds it while that node is up, the same instance and not
+        draining. Otherwise the session may have moved (moves.py): to the node a front found
+        it on before (cached here), or one that adopts it now; else, while the named (or last)
+        node still runs, there (a drain's grace); else a clear 404: its state is lost.
+        """
         name, tagged = self.ids.verify(tenant, public)
         instance, local = tagged[:INSTANCE_LENGTH], tagged[INSTANCE_LENGTH:]
         member = self.membership.get(name)
-        if member is None or member.lost:
-            raise gone(public, name)
-        if member.instance and instance != member.instance:
+        key = move_key(name, tagged)
+        cached = self._moved.get(key) if self._moved else None
+        if cached is None and _holds(member, instance):
+            assert member is not None
+            return member, local
+        last: tuple[Member, str] | None = None
+        if member is not None and _running(member, instance):
+            last = (member, local)
+        if cached is not None:
+            # Found moved before (its node may have been cut off, and be back): it is there.
+            holder = self.membership.get(cached[0])
+            if _holds(holder, cached[1]):
+                assert holder is not None
+                return holder, cached[2]
+            if holder is not None and _running(holder, cached[1]):
+                last = (holder, cached[2])
+        # A node back under its name (restarted) may find it in its own data directory; with no
+        # holder running, a checkpoint it left may be taken.
+        home = member if member is not None and member.accepting() else None
+        found = await self._find_moved(key, home, lost=last is None)
+        if found is not None:
+            return found
+        if last is not None:
+            return last
+        if member is not None and member.instance and instance != member.instance:
             raise gone(public, name, "restarted")
+        raise gone(public, name)
+
+    async def _find_moved(
+        self, key: str, home: Member | None, lost: bool
+    ) -> tuple[Member, str] | None:
+        """Ask the node the key belongs to (rendezvous over the accepting nodes: the same on
+        every front), then `home`, to adopt the moved session; failing that, whether another
+        node has it. `AtCapacity` (retry) while another node is adopting it."""
+        up = self.membership.up()
+        owner = rendezvous([m for m in up if m.accepting() and _adopts(m)], key)
+        claimers = [m for m in (owner, home) if m is not None]
+        if len(claimers) == 2 and claimers[0] is claimers[1]:
+            claimers.pop()
+        found: tuple[Member, str, str] | bool | None = None
+        for claimer in claimers:
+            found = await self._adopt(claimer, key, claim=True, lost=lost)
+            if found is not None:
+                break
+        if not isinstance(found, tuple):
+            others = [m for m in up if all(m is not c for c in claimers)]
+            asked = await asyncio.gather(*(self._adopt(m, key, False, lost) for m in others))
+            found = next((f for f in asked if isinstance(f, tuple)), found)
+        if found is True:
+            raise AtCapacity("the session is moving to another node: retry shortly", retry_after=1)
+        if not isinstance(found, tuple):
+            return None
+        member, local, instance = found
+        if len(self._moved) >= MOVED_CACHE:
+            self._moved.pop(next(iter(self._moved)))
+        self._moved[key] = (member.name, instance, local)
         return member, local
+
+    async def _adopt(
+        self, member: Member, key: str, claim: bool, lost: bool
+    ) -> tuple[Member, str, str] | bool | None:
+        """(the node, its id, its instance); True when the node is busy moving it (503)."""
+        body = json.dumps({"key": key, "claim": claim, "lost": lost}).encode()
+        headers = {"content-type": "application/json"}
+        try:
+            r = await self.send(member, "POST", "/fleet/adopt", headers, body)
+        except NodeGone:
+            return None
+        if r.status == 503:
+            return True
+        if r.status != 200:
+            if r.status != 404:
+                log.warning("fleet node %s answered an adoption with %d", member.name, r.status)
+            return None
+        try:
+            handle = json.loads(r.body)
+            return member, str(handle["session_id"]), str(handle["instance"])
+        except (ValueError, KeyError, TypeError):
+            raise ProtocolError(f"node {member.name} answered an adoption with no id") from None
 
     async def place(
         self,
         tenant: str,
         create: Callable[[Member], Awaitable[Reply]],
         prefer: str | None = None,
+        isolation: str | None = None,
     ) -> tuple[Reply, dict[str, Any]]:
-        """Create a session on a node with room (power of two choices, a few tries); the node's
-        answer and, when it is 201, its handle with the fleet's signed id. `prefer`: a key whose
-        own node (by rendezvous hashing, the same on every front) is tried first."""
+        """Create a session on a node with room (power of two choices, a few tries) that offers
+        `isolation`; the node's answer and, when it is 201, its handle with the fleet's signed
+        id. `prefer`: a key whose own node (by rendezvous hashing, the same on every front) is
+        tried first. `Unprocessable` when no node up offers the isolation."""
+        up = self.membership.up()
+        if up and not any(m.offers(isolation) for m in up):
+            offered = sorted({i for m in up if m.report for i in m.report.isolations})
+            raise Unprocessable(
+                f"isolation {isolation!r} is not offered by any node of this fleet (they offer "
+                f"{', '.join(repr(i) for i in offered)}); leave it out, or ask a fleet that does"
+            )
         tried: set[str] = set()
         for _ in range(PLACEMENT_TRIES):
             member = None
             if prefer is not None and not tried:
-                member = rendezvous([m for m in self.membership.up() if m.accepting()], prefer)
+                member = rendezvous(
+                    [m for m in up if m.accepting() and m.offers(isolation)], prefer
+                )
             if member is None:
-                member = choose(self.membership.up(), self.settings.fleet_sample, self.rng, tried)
+                member = choose(
+                    self.membership.up(), self.settings.fleet_sample, self.rng, tried, isolation
+                )
             if member is None:
                 break
             tried.add(member.name)
@@ -182,6 +281,23 @@ class Fleet:
             member.placed += 1
             return r, handle
         raise AtCapacity("every sandbox node is full or draining; retry shortly", retry_after=5)
+
+
+def _adopts(member: Member) -> bool:
+    """Keeps snapshots (a durable isolation, snapshots moved at its drain): it can adopt."""
+    return member.report is None or member.report.adopts
+
+
+def _running(member: Member, instance: str) -> bool:
+    """Up and the same process as `instance` names (it may be draining)."""
+    return not member.lost and (not member.instance or member.instance == instance)
+
+
+def _holds(member: Member | None, instance: str) -> bool:
+    """Holds the sessions `instance` made: the same process, up and not draining."""
+    if member is None or not _running(member, instance):
+        return False
+    return member.report is None or not member.report.draining
 
 
 def rendezvous(members: list[Member], key: str) -> Member | None:
@@ -217,17 +333,36 @@ class FrontApi:
             Route("/sessions/{session_id}/files/list", self.list_files, methods=["GET"]),
             Route("/sessions/{session_id}/files", self.get_file, methods=["GET"]),
             Route("/sessions/{session_id}/files", self.put_file, methods=["POST"]),
+            Route("/sessions/{session_id}/pause", self.pause_or_resume, methods=["POST"]),
+            Route("/sessions/{session_id}/resume", self.pause_or_resume, methods=["POST"]),
             Route("/health", self.health, methods=["GET"]),
         ]
 
-    def _route(self, request: Request) -> tuple[str, Member, str]:
+    async def _route(self, request: Request) -> tuple[str, Member, str]:
         """(public id, its node, the node's own id); 404 for an id the fleet did not sign."""
         public = request.path_params["session_id"]
-        member, local = self.fleet.route(self.tenant(request.headers.get("authorization")), public)
+        tenant = self.tenant(request.headers.get("authorization"))
+        member, local = await self.fleet.route(tenant, public)
         return public, member, local
 
     def _headers(self, request: Request) -> dict[str, str]:
         return {k: v for k in REQUEST_HEADERS if (v := request.headers.get(k)) is not None}
+
+    async def _send(
+        self,
+        public: str,
+        member: Member,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: Body = None,
+        stream: bool = False,
+    ) -> Reply:
+        """Send on to the node holding session `public`; `gone` when that node is lost."""
+        try:
+            return await self.fleet.send(member, method, target, headers, body, stream)
+        except NodeGone:
+            raise gone(public, member.name) from None
 
     @staticmethod
     def _target(path: str, request: Request) -> str:
@@ -243,14 +378,14 @@ class FrontApi:
         def create(member: Member) -> Awaitable[Reply]:
             return self.fleet.send(member, "POST", "/sessions", dict(headers), body)
 
-        reply, handle = await self.fleet.place(tenant, create)
+        reply, handle = await self.fleet.place(tenant, create, isolation=_isolation_asked(body))
         if reply.status != 201:
             return _copy(reply)
         return JSONResponse(handle, status_code=201)
 
     async def destroy_session(self, request: Request) -> Response:
         try:
-            _, member, local = self._route(request)
+            _, member, local = await self._route(request)
             r = await self.fleet.send(member, "DELETE", f"/sessions/{local}", {})
             if r.status == 204:
                 member.released()
@@ -259,48 +394,54 @@ class FrontApi:
         return Response(status_code=204)
 
     async def execute(self, request: Request) -> Response:
-        public, member, local = self._route(request)
+        public, member, local = await self._route(request)
         # Read whole (the node caps it at 16 MiB too), so a stale pooled connection can resend.
         body = await read_body(request, MAX_EXEC_BODY)
         headers = self._headers(request)
         headers.pop("content-length", None)
-        try:
-            r = await self.fleet.send(member, "POST", f"/sessions/{local}/exec", headers, body)
-        except NodeGone:
-            raise gone(public, member.name) from None
-        return _copy(r)
+        return _copy(
+            await self._send(public, member, "POST", f"/sessions/{local}/exec", headers, body)
+        )
 
     async def list_files(self, request: Request) -> Response:
-        public, member, local = self._route(request)
+        public, member, local = await self._route(request)
         target = self._target(f"/sessions/{local}/files/list", request)
-        try:
-            r = await self.fleet.send(member, "GET", target, self._headers(request))
-        except NodeGone:
-            raise gone(public, member.name) from None
-        return _copy(r)
+        return _copy(await self._send(public, member, "GET", target, self._headers(request)))
 
     async def put_file(self, request: Request) -> Response:
         """The upload streams through to the node, never held whole."""
-        public, member, local = self._route(request)
+        public, member, local = await self._route(request)
         target = self._target(f"/sessions/{local}/files", request)
-        try:
-            r = await self.fleet.send(
-                member, "POST", target, self._headers(request), request.stream()
-            )
-        except NodeGone:
-            raise gone(public, member.name) from None
-        return _copy(r)
+        headers = self._headers(request)
+        return _copy(await self._send(public, member, "POST", target, headers, request.stream()))
 
     async def get_file(self, request: Request) -> Response:
         """A file's bytes stream from the node to the client, never held whole."""
-        public, member, local = self._route(request)
+        public, member, local = await self._route(request)
         target = self._target(f"/sessions/{local}/files", request)
-        try:
-            r = await self.fleet.send(member, "GET", target, self._headers(request), stream=True)
-        except NodeGone:
-            raise gone(public, member.name) from None
+        r = await self._send(public, member, "GET", target, self._headers(request), stream=True)
         assert r.stream is not None
         return StreamingResponse(r.stream, status_code=r.status, headers=_response_headers(r))
+
+    async def pause_or_resume(self, request: Request) -> Response:
+        """The additions PauseSession and ResumeSession, on the session's node (where its
+        snapshot is kept); the handle names the session by its public id."""
+        public, member, local = await self._route(request)
+        verb = request.url.path.rsplit("/", 1)[1]
+        headers = self._headers(request)
+        headers.pop("content-length", None)
+        try:
+            r = await self.fleet.send(member, "POST", f"/sessions/{local}/{verb}", headers, b"")
+        except NodeGone:
+            raise gone(public, member.name) from None
+        if r.status != 200:
+            return _copy(r)
+        try:
+            handle = json.loads(r.body)
+            handle["session_id"] = public
+        except (ValueError, TypeError) as e:
+            raise ProtocolError(f"node {member.name} answered {verb} with no handle") from e
+        return JSONResponse(handle)
 
     async def health(self, request: Request) -> Response:
         if self.fleet.terminating:
@@ -319,3 +460,12 @@ def _copy(r: Reply) -> Response:
     headers = _response_headers(r)
     headers.pop("content-length", None)  # set again from the body
     return Response(r.body, status_code=r.status, headers=headers)
+
+
+def _isolation_asked(body: bytes) -> str | None:
+    """CreateSession's isolation hint, for placement; the node checks the body itself."""
+    try:
+        asked = json.loads(body or b"{}").get("isolation")
+    except (ValueError, AttributeError):
+        return None
+    return asked if isinstance(asked, str) else None

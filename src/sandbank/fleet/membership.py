@@ -34,6 +34,8 @@ class Report:
     inflight: int
     memory_available_bytes: int
     draining: bool
+    isolations: tuple[str, ...] = ()  # what it offers, its default first (older nodes: unsaid)
+    adopts: bool = True  # keeps snapshots, so it can take a moved session (fleet/moves.py)
 
     @classmethod
     def parse(cls, body: Any) -> Report:
@@ -47,6 +49,8 @@ class Report:
             inflight=int(body["inflight"]),
             memory_available_bytes=int(body["memory_available_bytes"]),
             draining=bool(body["draining"]),
+            isolations=tuple(str(x) for x in body.get("isolations") or ()),
+            adopts=bool(body.get("adopts", True)),
         )
 
 
@@ -80,6 +84,17 @@ class Member:
         view, and a client creating again at once is told every node is full.
         """
         self.placed = max(-(self.report.sessions if self.report else 0), self.placed - 1)
+
+    def offers(self, isolation: str | None) -> bool:
+        """Whether a session asking for `isolation` may go there (None: any; a node that does
+        not say what it offers is asked, and answers 422 if it does not)."""
+        r = self.report
+        return isolation is None or r is None or not r.isolations or isolation in r.isolations
+
+    def may_take(self) -> bool:
+        """Up and not draining: it may take a session even when its last report says full."""
+        r = self.report
+        return self.up and r is not None and not r.draining
 
     def accepting(self) -> bool:
         r = self.report

@@ -8,6 +8,7 @@ import logging
 import secrets
 import socket
 import time
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -16,9 +17,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
 from ..config import Settings
-from ..errors import AtCapacity, SandbankError, SessionNotFound, Unauthorized
+from ..errors import AtCapacity, BadRequest, SandbankError, SessionNotFound, Unauthorized
+from ..files import ObjectStore
 from ..http.errors import error_response
 from ..sandbox.local import LocalSandboxes
+from .moves import MovedSnapshots
 
 log = logging.getLogger(__name__)
 OPEN_PATHS = {"/health"}  # kubelet probes carry no secret; it tells nothing but "alive"
@@ -51,9 +54,16 @@ def memory_available() -> int:
 
 
 class NodeControl:
-    """Capacity reports for the fronts, and the drain (SIGTERM or `POST /fleet/drain`)."""
+    """Capacity reports for the fronts, the drain (SIGTERM or `POST /fleet/drain`), and the
+    adoption of sessions moved from a drained node (`POST /fleet/adopt`)."""
 
-    def __init__(self, settings: Settings, local: LocalSandboxes) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        local: LocalSandboxes,
+        objects: ObjectStore | None = None,
+        counted: Callable[[str], None] = lambda direction: None,
+    ) -> None:
         self.settings = settings
         self.local = local
         self.name = node_name(settings)
@@ -61,13 +71,27 @@ class NodeControl:
         # that restarted under the same name is told the machine holding it is gone.
         self.instance = secrets.token_hex(INSTANCE_LENGTH // 2)
         self.draining = False
-        self.closed = False  # drained: every session is about to end
+        self.closed = False  # drained: every session is about to end (or move)
+        self.moving = False  # its sessions are being paused and exported
         self._drained: asyncio.Task[None] | None = None
+        # With snapshots kept at a stop, a drain moves the sessions (moves.py) instead of
+        # ending them: through the deployment's object store, signed with the fleet's key.
+        self.moves: MovedSnapshots | None = None
+        if objects is not None and settings.pause_on_shutdown:
+            token = settings.fleet_token.get_secret_value()
+            self.moves = MovedSnapshots(
+                token, local, objects, self.name, self.instance, counted=counted
+            )
+            if settings.checkpoint_after_idle_seconds:
+                # Checkpoints off the machine: a lost node's sessions continue from them.
+                local.on_checkpoint = self.moves.export
+                local.on_ended = self.moves.ended
 
     def routes(self) -> list[Route]:
         return [
             Route("/fleet/capacity", self.capacity, methods=["GET"]),
             Route("/fleet/drain", self.drain_route, methods=["POST"]),
+            Route("/fleet/adopt", self.adopt_route, methods=["POST"]),
         ]
 
     def report(self) -> dict[str, object]:
@@ -83,6 +107,9 @@ class NodeControl:
             "memory_available_bytes": memory_available(),
             "memory_per_session_bytes": self.settings.memory_limit_mb * 1024 * 1024,
             "draining": self.draining,
+            "isolations": list(self.local.backends),
+            "moving": self.moving,
+            "adopts": self.moves is not None and self.moves.possible,
         }
 
     async def capacity(self, request: Request) -> Response:
@@ -95,6 +122,23 @@ class NodeControl:
             task.add_done_callback(lambda _: self._end_sessions())
         return JSONResponse(self.report(), status_code=202)
 
+    async def adopt_route(self, request: Request) -> Response:
+        """A front asks for a moved session: {key, claim, lost}; its local id here, or 404."""
+        try:
+            body = await request.json()
+            key, claim = str(body["key"]), bool(body["claim"])
+            lost = bool(body.get("lost", False))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise BadRequest("expected {key, claim, lost}") from None
+        if len(key) != 64 or not set(key) <= set("0123456789abcdef"):
+            raise BadRequest("not a moved session's key")
+        if claim and self.draining:
+            raise AtCapacity("this node is draining", retry_after=1)
+        local = None if self.moves is None else await self.moves.adopt(key, claim, lost)
+        if local is None:
+            raise SessionNotFound("no moved session by that key here")
+        return JSONResponse({"session_id": local, "instance": self.instance})
+
     def _end_sessions(self) -> None:
         for session in self.local.sessions():
             asyncio.get_running_loop().create_task(self.local.destroy(session.id, session.tenant))
@@ -104,8 +148,19 @@ class NodeControl:
         if self._drained is None:
             self.draining = True
             log.info("draining: no new sessions; waiting for running calls")
-            self._drained = asyncio.get_running_loop().create_task(self._wait_calls())
+            self._drained = asyncio.get_running_loop().create_task(self._drain())
         return self._drained
+
+    async def _drain(self) -> None:
+        self.moving = self.moves is not None and self.moves.possible
+        try:
+            await self._wait_calls()
+            if self.moving and self.moves is not None:
+                await self.moves.move_out()
+        except Exception:
+            log.exception("moving the sessions out failed: those left end with the drain")
+        finally:
+            self.moving = False
 
     async def _wait_calls(self) -> None:
         deadline = time.monotonic() + self.settings.fleet_drain_grace_seconds
@@ -143,6 +198,11 @@ class FleetGate:
         refusal: SandbankError | None = None
         if not hmac.compare_digest(given, self.expected):
             refusal = Unauthorized("this is a fleet node: only the fleet's fronts may call it")
+        elif self.control.moving and self.control.closed and scope["path"].startswith("/sessions/"):
+            refusal = AtCapacity(
+                "this node is draining: the session is moving to another node; retry shortly",
+                retry_after=1,
+            )
         elif self.control.closed and scope["path"].startswith("/sessions/"):
             refusal = SessionNotFound(
                 "this node has drained and is shutting down: its sessions are gone"

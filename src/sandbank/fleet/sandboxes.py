@@ -85,7 +85,7 @@ class FleetSandboxes:
     async def _on(
         self, session_id: str, tenant: str, call: Callable[[ExecClient, str], Awaitable[T]]
     ) -> T:
-        member, local = self.fleet.route(tenant, session_id)
+        member, local = await self.fleet.route(tenant, session_id)
         try:
             return await call(self._client(member), local)
         except NodeGone:
@@ -107,7 +107,7 @@ class FleetSandboxes:
         def create(member: Member) -> Awaitable[Reply]:
             return self.fleet.send(member, "POST", "/sessions", dict(headers), body)
 
-        reply, handle = await self.fleet.place(tenant, create, prefer)
+        reply, handle = await self.fleet.place(tenant, create, prefer, spec.isolation)
         if reply.status != 201:
             raise error_of(reply)
         return _public(codec.decode_handle(handle), handle["session_id"])
@@ -135,6 +135,14 @@ class FleetSandboxes:
                     local = member.instance + info.id
                     found.append(_public(info, self.fleet.ids.sign(tenant, member.name, local)))
         return sorted(found, key=lambda i: i.created_at)
+
+    async def pause(self, session_id: str, tenant: str) -> SessionInfo:
+        info = await self._on(session_id, tenant, lambda c, local: c.pause(local))
+        return _public(info, session_id)
+
+    async def resume(self, session_id: str, tenant: str) -> SessionInfo:
+        info = await self._on(session_id, tenant, lambda c, local: c.resume(local))
+        return _public(info, session_id)
 
     async def set_lifetime(self, session_id: str, tenant: str, seconds: int) -> SessionInfo:
         info = await self._on(session_id, tenant, lambda c, local: c.set_lifetime(local, seconds))
@@ -183,7 +191,7 @@ class FleetSandboxes:
     async def start_process(
         self, session_id: str, tenant: str, spec: ProcessSpec
     ) -> AsyncIterator[ProcessEvent]:
-        member, local = self.fleet.route(tenant, session_id)
+        member, local = await self.fleet.route(tenant, session_id)
         try:
             async for event in await self._client(member).start_process(local, spec):
                 yield event
@@ -193,7 +201,7 @@ class FleetSandboxes:
     async def connect_process(
         self, session_id: str, tenant: str, pid: int
     ) -> AsyncIterator[ProcessEvent]:
-        member, local = self.fleet.route(tenant, session_id)
+        member, local = await self.fleet.route(tenant, session_id)
         try:
             async for event in await self._client(member).connect_process(local, pid):
                 yield event
@@ -263,7 +271,7 @@ class FleetSandboxes:
         *,
         cancel_on_close: bool = False,
     ) -> AsyncIterator[Event]:
-        member, local = self.fleet.route(tenant, session_id)
+        member, local = await self.fleet.route(tenant, session_id)
         try:
             async for event in self._client(member).stream(local, call, timeout, cancel_on_close):
                 yield event
@@ -272,7 +280,7 @@ class FleetSandboxes:
 
     async def destroy(self, session_id: str, tenant: str) -> None:
         try:
-            member, local = self.fleet.route(tenant, session_id)
+            member, local = await self.fleet.route(tenant, session_id)
             await self._client(member).destroy(local)
             member.released()
         except (SessionNotFound, NodeGone):

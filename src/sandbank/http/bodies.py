@@ -62,9 +62,14 @@ async def json_body(request: Request, optional: bool = False, cap: int = MAX_JSO
         raise Unprocessable("a JSON request body is required")
     if not is_json(request.headers.get("content-type")):
         raise UnsupportedMediaType("request bodies must be JSON (Content-Type: application/json)")
+    return parse_json(raw)
+
+
+def parse_json(raw: bytes, invalid: type[SandbankError] = Unprocessable) -> Any:
+    """A body as JSON; `invalid`, saying why, when it is not JSON (each API has its status)."""
     try:
         return json.loads(raw)
     except ValueError as e:
-        raise Unprocessable(f"the request body is not valid JSON: {e}") from None
+        raise invalid(f"the request body is not valid JSON: {e}") from None
     except RecursionError:
-        raise Unprocessable("the request body is nested too deeply") from None
+        raise invalid("the request body is nested too deeply") from None

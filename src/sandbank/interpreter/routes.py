@@ -95,20 +95,21 @@ class InterpreterApi:
     # --- sessions ------------------------------------------------------------------------------
     async def create_session(self, request: Request) -> Response:
         service, user = await self._caller(request)
-        return JSONResponse(schemas.session_out(await service.create_session(user)))
+        # A new session has no sandbox yet: its first question starts one.
+        return JSONResponse(schemas.session_out(await service.create_session(user), "none"))
 
     async def list_sessions(self, request: Request) -> Response:
         service, user = await self._caller(request)
         sessions = await service.list_sessions(user)
-        return JSONResponse([schemas.session_out(s) for s in sessions])
+        return JSONResponse([schemas.session_out(*s) for s in sessions])
 
     async def get_session(self, request: Request) -> Response:
         service, user, sid = await self._in_session(request)
         after = schemas.after(request.query_params.get(INCLUDE_MESSAGES), INCLUDE_MESSAGES)
         if after is None:
-            return JSONResponse(schemas.session_out(await service.get_session(user, sid)))
-        session, messages = await service.session_with_messages(user, sid, after)
-        return JSONResponse(schemas.session_with_messages_out(session, messages))
+            return JSONResponse(schemas.session_out(*await service.get_session(user, sid)))
+        (session, sandbox), messages = await service.session_with_messages(user, sid, after)
+        return JSONResponse(schemas.session_with_messages_out(session, sandbox, messages))
 
     async def delete_session(self, request: Request) -> Response:
         service, user, sid = await self._in_session(request)
@@ -119,11 +120,11 @@ class InterpreterApi:
         service, user, sid = await self._in_session(request)
         raw = await read_body(request, MAX_MESSAGE_BODY_SLACK, BadRequest)
         title = schemas.session_title(raw, request.headers.get("content-type", ""))
-        return JSONResponse(schemas.session_out(await service.rename(user, sid, title)))
+        return JSONResponse(schemas.session_out(*await service.rename(user, sid, title)))
 
     async def cancel(self, request: Request) -> Response:
         service, user, sid = await self._in_session(request)
-        return JSONResponse(schemas.session_out(await service.cancel(user, sid)))
+        return JSONResponse(schemas.session_out(*await service.cancel(user, sid)))
 
     # --- messages ------------------------------------------------------------------------------
     async def post_message(self, request: Request) -> Response:

@@ -16,9 +16,10 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import anyio.to_thread
@@ -58,15 +59,28 @@ HANDED_BACK = "waiting for another server to continue"
 WORKER_LOST = "the server working on this answer was lost too many times; ask again"
 STOP_WAIT_S = 15.0  # how long stopping a run waits for it to record how it ended
 MAX_ATTEMPTS = 3
+STATE_READ_S = 1.0  # how long reading the state of a session's sandbox may take
 # A run preferring the replica that holds its session's sandbox waits this many ticks for it
 # before any replica may take it (that replica may be dead, or full).
 AFFINITY_TICKS = 3  # claims of one run; a run that kills its replica must not kill them all
 # What the model reads when it continues an answer that another replica began.
 RESUME_NOTE = (
     "(The server that was working on your answer to the question above stopped. Continue "
-    "answering it from where the work shown above left off. Your sandbox was started afresh: "
-    "variables are gone, the session's files are in place.)"
+    "answering it from where the work shown above left off. {sandbox})"
 )
+FRESH_SANDBOX = (
+    "Your sandbox was started afresh: variables are gone, the session's files are in place."
+)
+KEPT_SANDBOX = (
+    "Your sandbox was kept: its variables and files are as the work above left them, except "
+    "what a tool result says was not restored."
+)
+
+
+# A chat's sandbox as its session shows it: `running`; `paused` (no process, its variables
+# kept on disk: the next question resumes it); `none` (none yet, or it ended: the next question
+# starts a fresh one).
+SandboxState = Literal["running", "paused", "none"]
 
 
 def new_replica_id() -> str:
@@ -302,6 +316,37 @@ class Runs:
         if remaining:
             await asyncio.wait({a.task for a in remaining}, timeout=STOP_WAIT_S)
 
+    async def sandbox_states(
+        self, user_id: str, chat_ids: Iterable[str]
+    ) -> dict[str, SandboxState]:
+        """The state of the sandbox of each of these chats of the user, by chat id; a chat left
+        out is one whose sandbox this server cannot see (on another replica's machine, or the
+        sandboxes cannot be listed now). Read from the sandboxes' listing, which neither
+        resumes a sandbox nor counts as its activity (reading must not keep it from pausing
+        when idle), and never makes one."""
+        where = await self.store.chats.sandboxes_of(user_id)
+        chats = {sid: where.get(sid) for sid in chat_ids}
+        listed: dict[str, str] = {}
+        if any(chats.values()):  # else there is nothing to look for
+            try:
+                # Bounded: a session's answer must not wait on a backend that does not answer.
+                async with asyncio.timeout(STATE_READ_S):
+                    found = await self.sandboxes.list_sessions(owner_of(user_id))
+            except SandbankError as e:
+                log.warning("the sandboxes could not be listed: %s", e.message)
+                return {}
+            except TimeoutError:
+                log.warning("the sandboxes were not listed within %g s", STATE_READ_S)
+                return {}
+            listed = {i.id: i.state for i in found}
+        states: dict[str, SandboxState] = {}
+        for sid, held in chats.items():
+            if held is not None and held[1] in listed:
+                states[sid] = "paused" if listed[held[1]] == "paused" else "running"
+            elif held is None or self.shared_sandboxes or held[0] == self.replica:
+                states[sid] = "none"  # never had one, or this server would see it: it ended
+        return states
+
     # --- the tick: renew, read cancels, claim -------------------------------------------------
     async def serve_forever(self) -> None:
         """Renew this replica's leases, pass on cancel requests, claim waiting runs; each tick."""
@@ -382,7 +427,9 @@ class Runs:
                 model=model,
                 workbench=SandboxWorkbench(self.sandboxes, lease.sandbox_id, owner),
                 recorder=StoreRecorder(self.store, run, self.events, before_answer=save_files),
-                question=RESUME_NOTE if resumed else question.content,
+                question=RESUME_NOTE.format(sandbox=FRESH_SANDBOX if recreated else KEPT_SANDBOX)
+                if resumed
+                else question.content,
                 history=[HistoryMessage(m.role, m.content, m.internal) for m in history],
                 limits=self.limits,
                 sandbox_recreated=recreated,
@@ -463,9 +510,11 @@ class Runs:
                 return lease, False
             # A file it holds was deleted: only a fresh sandbox is sure not to have it.
             await self._drop(sid, owner)
-        if lease is None and self.shared_sandboxes:
-            # A shared backend: the sandbox another replica used for this session is ours too
-            # (its files are placed again, as this replica knows nothing of what it holds).
+        if lease is None:
+            # The sandbox this session used before is still there: a shared backend's (another
+            # replica used it), or this server's own, paused when it stopped and found again at
+            # its start, its variables kept (its files are placed again, as this process knows
+            # nothing of what it holds). The first call says what the pause could not keep.
             _, stored = await self.store.chats.sandbox(sid)
             if stored is not None and await exists(self.sandboxes, stored, owner):
                 lease = self.leases[sid] = Lease(stored, owner)

@@ -9,6 +9,7 @@ from typing import Any
 
 from sandbank.errors import BadRequest
 from sandbank.files import validate_filename, validate_stored_name
+from sandbank.http.bodies import is_json, parse_json
 from sandbank.http.responses import sse
 from sandbank.interpreter.events import Event
 from sandbank.store import ChatSession, FileRecord, Message
@@ -48,22 +49,25 @@ def stored_name(raw: str | None) -> str:
     return validate_stored_name(raw)
 
 
-def is_json(content_type: str) -> bool:
-    media = content_type.split(";")[0].strip().lower()
-    return media == "application/json" or media.endswith("+json")
+def _json_body(raw: bytes, content_type: str) -> Any:
+    """The body as JSON, every refusal a 400 (the interpreter API's way)."""
+    # Requiring JSON keeps cross-site HTML forms (which cannot send it) from posting.
+    if not is_json(content_type):
+        raise BadRequest("the request body must be JSON (Content-Type: application/json)")
+    return parse_json(raw, BadRequest)
+
+
+def _unicode(text: str, name: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(f"`{name}` contains a lone surrogate: it must be valid Unicode") from None
+    return text
 
 
 def message_content(raw: bytes, content_type: str, max_chars: int) -> str:
     """The question of a `PostMessage` body: `{"content": "...", "role": "user"?}` and no more."""
-    # Requiring JSON keeps cross-site HTML forms (which cannot send it) from posting questions.
-    if not is_json(content_type):
-        raise BadRequest("the request body must be JSON (Content-Type: application/json)")
-    try:
-        body = json.loads(raw)
-    except ValueError as e:
-        raise BadRequest(f"the request body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise BadRequest("the request body is nested too deeply") from None
+    body = _json_body(raw, content_type)
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     # Other fields of the Message schema (timestamp, internal) are the server's to set: ignored.
@@ -74,14 +78,11 @@ def message_content(raw: bytes, content_type: str, max_chars: int) -> str:
         raise BadRequest("`content` must be a non-empty string")
     if len(content) > max_chars:
         raise BadRequest(f"`content` is longer than {max_chars} characters")
-    try:
-        content.encode("utf-8")
-    except UnicodeEncodeError:
-        raise BadRequest("`content` contains a lone surrogate: it must be valid Unicode") from None
-    return content
+    return _unicode(content, "content")
 
 
-def session_out(session: ChatSession) -> dict[str, Any]:
+def session_out(session: ChatSession, sandbox: str | None = None) -> dict[str, Any]:
+    """The Session schema; `sandbox` (an addition) where the answer reads its state."""
     out: dict[str, Any] = {
         "session_id": session.id,
         "status": session.status,
@@ -91,18 +92,15 @@ def session_out(session: ChatSession) -> dict[str, Any]:
         out["status_message"] = session.status_message
     if session.title is not None:
         out["title"] = session.title
+    if sandbox is not None:
+        out["sandbox"] = sandbox
     return out
 
 
 def session_title(raw: bytes, content_type: str) -> str | None:
     """The body of RenameSession: `{"title": "..."}` (null or blank: back to the first
     question)."""
-    if not is_json(content_type):
-        raise BadRequest("the request body must be JSON (Content-Type: application/json)")
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise BadRequest("the request body is not valid JSON") from None
+    body = _json_body(raw, content_type)
     if not isinstance(body, dict) or "title" not in body:
         raise BadRequest('the request body must be a JSON object with `title`: {"title": "..."}')
     title = body["title"]
@@ -113,11 +111,7 @@ def session_title(raw: bytes, content_type: str) -> str | None:
     title = " ".join(title.split())  # one line: control characters and runs of blanks go
     if len(title) > TITLE_MAX:
         raise BadRequest(f"`title` is longer than {TITLE_MAX} characters")
-    try:
-        title.encode("utf-8")
-    except UnicodeEncodeError:
-        raise BadRequest("`title` contains a lone surrogate: it must be valid Unicode") from None
-    return title or None
+    return _unicode(title, "title") or None
 
 
 def message_out(message: Message) -> dict[str, Any]:
@@ -129,11 +123,13 @@ def message_out(message: Message) -> dict[str, Any]:
     }
 
 
-def session_with_messages_out(session: ChatSession, messages: list[Message]) -> dict[str, Any]:
+def session_with_messages_out(
+    session: ChatSession, sandbox: str | None, messages: list[Message]
+) -> dict[str, Any]:
     """GetSession with `include_messages_from`: each message has only the fields the spec's
     own web client builds its messages from (it refuses any other)."""
     brief = [{"timestamp": m.timestamp, "role": m.role, "content": m.content} for m in messages]
-    return {**session_out(session), "messages": brief}
+    return {**session_out(session, sandbox), "messages": brief}
 
 
 def file_out(record: FileRecord) -> dict[str, Any]:

@@ -22,10 +22,13 @@ from sandbank.errors import (
 from sandbank.files import PresignedPost
 from sandbank.interpreter.events import Event, StreamSlots, follow
 from sandbank.interpreter.files import SessionFiles
-from sandbank.interpreter.runs import Runs, owner_of
+from sandbank.interpreter.runs import Runs, SandboxState, owner_of
 from sandbank.store import ChatSession, FileRecord, Message, Store, User
 
 log = logging.getLogger(__name__)
+
+# A session as the API shows it: the chat, and the state of its sandbox (None: not known here).
+Seen = tuple[ChatSession, SandboxState | None]
 
 
 class InterpreterService:
@@ -71,20 +74,26 @@ class InterpreterService:
             raise QuotaExceeded(f"you have {limit} sessions, the most allowed: delete some first")
         return chat
 
-    async def list_sessions(self, user: User) -> list[ChatSession]:
-        return await self.store.chats.of_user(user.id)
+    async def list_sessions(self, user: User) -> list[Seen]:
+        chats = await self.store.chats.of_user(user.id)
+        states = await self.runs.sandbox_states(user.id, [c.id for c in chats])
+        return [(c, states.get(c.id)) for c in chats]
 
-    async def get_session(self, user: User, session_id: str) -> ChatSession:
-        return await self._owned(user, session_id)
+    async def get_session(self, user: User, session_id: str) -> Seen:
+        return await self._seen(user, await self._owned(user, session_id))
 
     async def session_with_messages(
         self, user: User, session_id: str, after: float
-    ) -> tuple[ChatSession, list[Message]]:
+    ) -> tuple[Seen, list[Message]]:
         """The session, then its non-internal messages after `after` (read in that order, so a
         session seen DONE comes with every message of its run)."""
-        session = await self._owned(user, session_id)
+        seen = await self.get_session(user, session_id)
         messages = await self.store.chats.messages(session_id, after)
-        return session, [m for m in messages if not m.internal]
+        return seen, [m for m in messages if not m.internal]
+
+    async def _seen(self, user: User, chat: ChatSession) -> Seen:
+        """The chat with the state of its sandbox (read without resuming or making one)."""
+        return chat, (await self.runs.sandbox_states(user.id, [chat.id])).get(chat.id)
 
     async def delete_session(self, user: User, session_id: str) -> None:
         await self._owned(user, session_id)
@@ -96,15 +105,15 @@ class InterpreterService:
         await self.store.chats.delete(session_id)
         await self.files.forget(session_id)
 
-    async def rename(self, user: User, session_id: str, title: str | None) -> ChatSession:
+    async def rename(self, user: User, session_id: str, title: str | None) -> Seen:
         await self._owned(user, session_id)
         await self.store.chats.rename(session_id, title)
-        return await self._owned(user, session_id)
+        return await self.get_session(user, session_id)
 
-    async def cancel(self, user: User, session_id: str) -> ChatSession:
+    async def cancel(self, user: User, session_id: str) -> Seen:
         await self._owned(user, session_id)
         await self.runs.cancel(session_id)
-        return await self._owned(user, session_id)
+        return await self.get_session(user, session_id)
 
     async def expire_forever(self) -> None:
         """The periodic task deleting expired sessions with everything they own."""

@@ -29,6 +29,7 @@ from ..config import Settings
 from ..errors import (
     AtCapacity,
     BadRequest,
+    Conflict,
     Forbidden,
     NotFound,
     PayloadTooLarge,
@@ -90,6 +91,8 @@ class McpDoor:
             "write_file": self.write_file,
             "start_session": self.start_session,
             "end_session": self.end_session,
+            "pause_session": self.pause_session,
+            "resume_session": self.resume_session,
         }
         assert set(self._tools) == set(SCHEMAS), "every tool listed has a handler"
         self.server: Server[Any] = Server(
@@ -179,7 +182,7 @@ class McpDoor:
                 f"Session not found: {why or e.message.rstrip('.')}. Start a session with "
                 "start_session, or leave session_id out to work in your default session."
             )
-        except (BadRequest, Forbidden, NotFound, PayloadTooLarge) as e:
+        except (BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge) as e:
             return error_result(e.message)
         except (AtCapacity, SandboxUnavailable) as e:
             raise MCPError(
@@ -326,6 +329,33 @@ class McpDoor:
         await self.sandboxes.destroy(session_id, caller.tenant)
         return types.CallToolResult(
             content=[types.TextContent(text=f"session {session_id} ended (or was gone already)")]
+        )
+
+    async def pause_session(self, caller: Caller, args: Args) -> types.CallToolResult:
+        session_id, default = await self._session(caller, args)
+        try:
+            await self.sandboxes.pause(session_id, caller.tenant)
+        except SessionNotFound as e:
+            raise self._gone(caller, session_id, default, e) from None
+        return types.CallToolResult(
+            content=[
+                types.TextContent(
+                    text=f"session {session_id} paused: nothing runs and it holds no memory; "
+                    "its variables, shell and files are kept. The next call on it resumes it."
+                )
+            ],
+            structured_content={"session_id": session_id, "state": "paused"},
+        )
+
+    async def resume_session(self, caller: Caller, args: Args) -> types.CallToolResult:
+        session_id, default = await self._session(caller, args)
+        try:
+            await self.sandboxes.resume(session_id, caller.tenant)
+        except SessionNotFound as e:
+            raise self._gone(caller, session_id, default, e) from None
+        return types.CallToolResult(
+            content=[types.TextContent(text=f"session {session_id} is running")],
+            structured_content={"session_id": session_id, "state": "running"},
         )
 
     async def _read(self, session_id: str, tenant: str, path: str, cap: int) -> bytes:

@@ -217,7 +217,24 @@ TOOLS: list[types.Tool] = [
         destructive=True,
         idempotent=True,
     ),
-    # pause_session and resume_session join these once sessions are durable: a paused
-    # session's handle stays valid, and resume brings its interpreter and files back.
+    _tool(
+        "pause_session",
+        "Pause a session",
+        "Pause a session you will come back to later: its processes stop and it costs no "
+        "memory, while its Python variables, shell state and files are kept on disk. Any later "
+        "call with its session_id (or resume_session) resumes it; what could not be kept "
+        "(threads, open connections, background processes) is named then. Without session_id, "
+        "your default session is paused.",
+        _schema({"session_id": SESSION_ID}),
+        idempotent=True,
+    ),
+    _tool(
+        "resume_session",
+        "Resume a paused session",
+        "Resume a paused session now (any other call on it does so too); a running one is "
+        "left as it is. Without session_id, your default session.",
+        _schema({"session_id": SESSION_ID}),
+        idempotent=True,
+    ),
 ]
 SCHEMAS: dict[str, dict[str, Any]] = {t.name: t.input_schema for t in TOOLS}

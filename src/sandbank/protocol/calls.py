@@ -82,6 +82,8 @@ class ExecResult:
     main: Bundle | None = None
     error: CellError | None = None
     execution_count: int = 0
+    # The first call after a resume: what the pause could not keep, by name, with the reason.
+    not_restored: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

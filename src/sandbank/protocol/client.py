@@ -82,11 +82,20 @@ class HttpxTransport:
         body: Body = None,
         stream: bool = False,
     ) -> Reply:
-        try:
-            request = self.client.build_request(method, target, headers=headers, content=body)
-            response = await self.client.send(request, stream=True)
-        except httpx.HTTPError as e:
-            raise TransportFailed(e.__class__.__name__) from e
+        # A kept-alive connection the server closed just as it was reused ends without a reply:
+        # a request without a body that is safe to repeat is sent once more on a fresh one.
+        tries = 2 if body is None and method in ("GET", "HEAD", "DELETE") else 1
+        for attempt in range(tries):
+            try:
+                request = self.client.build_request(method, target, headers=headers, content=body)
+                response = await self.client.send(request, stream=True)
+                break
+            except httpx.RemoteProtocolError as e:
+                if attempt + 1 < tries:
+                    continue
+                raise TransportFailed(e.__class__.__name__) from e
+            except httpx.HTTPError as e:
+                raise TransportFailed(e.__class__.__name__) from e
         replied = {k.lower(): v for k, v in response.headers.items()}
         if stream:
             return Reply(response.status_code, replied, stream=_chunks(response))
@@ -223,6 +232,12 @@ class ExecClient:
 
     async def get(self, session_id: str) -> SessionInfo:
         return codec.decode_handle(await self._json("GET", self._on(session_id)))
+
+    async def pause(self, session_id: str) -> SessionInfo:
+        return codec.decode_handle(await self._json("POST", self._on(session_id, "/pause")))
+
+    async def resume(self, session_id: str) -> SessionInfo:
+        return codec.decode_handle(await self._json("POST", self._on(session_id, "/resume")))
 
     async def set_lifetime(self, session_id: str, seconds: int) -> SessionInfo:
         body = {"seconds": seconds}

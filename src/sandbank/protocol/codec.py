@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
 
@@ -167,6 +167,7 @@ class CreateSessionBody(_Body):
     envs: Annotated[dict[str, str], PlainValidator(_envs)] | None = None  # an addition
     # an addition: a credential's values go to the egress proxy, never to the sandbox
     credentials: Annotated[tuple[Credential, ...], PlainValidator(_credentials)] | None = None
+    isolation: Literal["fork", "bwrap", "gvisor", "none"] | None = None  # an addition
 
 
 class ExecBody(_Body):
@@ -244,6 +245,7 @@ def parse_create(body: Any) -> SessionSpec:
         labels=parsed.labels or {},
         envs=parsed.envs or {},
         credentials=parsed.credentials or (),
+        isolation=parsed.isolation,
     )
 
 
@@ -361,6 +363,8 @@ def encode_create(spec: SessionSpec) -> dict[str, Any]:
         body["envs"] = dict(spec.envs)
     if spec.credentials:  # their values: to the server that runs the sandbox, nowhere else
         body["credentials"] = [c.to_request() for c in spec.credentials]
+    if spec.isolation is not None:
+        body["isolation"] = spec.isolation
     return body
 
 
@@ -380,6 +384,8 @@ def encode_handle(info: SessionInfo) -> dict[str, Any]:
         "network": network_hint(info.network),
         "labels": dict(info.labels),
         "credentials": [c.to_json() for c in info.credentials],
+        "state": info.state,
+        "isolation": info.isolation,
     }
 
 
@@ -395,6 +401,8 @@ def decode_handle(body: Any) -> SessionInfo:
             network=_network(network) if network is not None else NetworkPolicy(),
             labels={str(k): str(v) for k, v in (body.get("labels") or {}).items()},
             credentials=tuple(CredentialInfo.from_json(c) for c in body.get("credentials") or ()),
+            state=str(body.get("state") or "running"),
+            isolation=str(body.get("isolation") or ""),
         )
 
 
@@ -417,6 +425,8 @@ def encode_result(tool: str, tool_use_id: str, result: ExecResult) -> dict[str, 
         content["error"] = {"name": e.name, "value": e.value, "traceback": e.traceback}
     if result.execution_count:
         content["execution_count"] = result.execution_count
+    if result.not_restored:
+        content["not_restored"] = dict(result.not_restored)
     return {
         "tool_use_id": tool_use_id,
         "execution_time_ms": result.duration_ms,
@@ -445,6 +455,7 @@ def decode_result(body: Any, duration_ms: int = 0) -> ExecResult:
             if error is not None
             else None,
             execution_count=int(content.get("execution_count") or 0),
+            not_restored={str(k): str(v) for k, v in (content.get("not_restored") or {}).items()},
         )
 
 

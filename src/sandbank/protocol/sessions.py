@@ -28,6 +28,8 @@ class SessionSpec:
     envs: Mapping[str, str] = field(default_factory=dict)
     # Added by the egress proxy to requests to their destinations; never in the sandbox.
     credentials: tuple[Credential, ...] = ()
+    # The isolation asked for (an addition): a server runs only what it offers.
+    isolation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ class SessionInfo:
     network: NetworkPolicy = field(default_factory=NetworkPolicy)
     labels: Mapping[str, str] = field(default_factory=dict)
     credentials: tuple[CredentialInfo, ...] = ()  # the session's own, listed without values
+    state: str = "running"  # or "paused": no process, its state on disk (an addition)
+    isolation: str = ""  # what its sandbox runs under ("" where a remote did not say)
 
     @property
     def expires_at(self) -> float:

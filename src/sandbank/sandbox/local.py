@@ -11,16 +11,28 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from typing import Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
-from ..config import Settings
+from ..config import Settings, parse_tenant_isolation
 from ..egress.credentials import Credential, CredentialInfo, CredentialSet
+from ..egress.policy import NetworkPolicy
 from ..egress.vault import Vault
-from ..errors import AtCapacity, Conflict, NotFound, SessionNotFound, TenantShareReached
+from ..errors import (
+    AtCapacity,
+    Conflict,
+    NotFound,
+    PauseFailed,
+    SandboxError,
+    SessionNotFound,
+    SnapshotDamaged,
+    TenantShareReached,
+    Unprocessable,
+)
 from ..protocol.calls import (
     RC_KILLED,
     RC_TIMEOUT,
@@ -38,16 +50,20 @@ from ..protocol.filesystem import FsChange, FsEntry
 from ..protocol.processes import ContextInfo, ProcessEvent, ProcessInfo, ProcessSpec, Signal
 from ..protocol.sessions import Download, FileEntry, FormPart, SessionInfo, SessionSpec
 from . import files
-from .backends import backend_for
+from .backends import backends_for
 from .backends.base import Backend
+from .durability import CHECKPOINT, IN_WORKSPACE, PAUSED, STATE, Manifest, SnapshotStore, load_key
+from .durability import CKPT_STATE as CHECKPOINT_STATE
 from .egress import CredentialBook, EgressConfig
 from .host.tree import Tree
 from .host.workspace import SANDBOX_ROOT, split
+from .inside import protocol
 from .pool import WarmPool
 from .sessions import ExecSession, TenantLimits, Watcher, victim
-from .supervisor import DESTROYED, restore_root
+from .supervisor import DESTROYED, SupervisedSandbox, restore_root
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 # A session id: this server process's instance (hex, so an id never begins with `-`, which a
 # command line would take for an option), then 144 random bits.
 INSTANCE_CHARS = 6
@@ -60,9 +76,16 @@ RESTARTING = (
     "retry in a new session\n"
 )
 ENDED_WITH_SERVER = (
-    "session {id!r} ended when the server restarted (sessions live in the server's memory "
-    "and end with it): create a new session and run your code again"
+    "session {id!r} ended when the server restarted, and no snapshot of it was kept (it was "
+    "running when the server stopped without pausing it, and never checkpointed): create a "
+    "new session and run your code again"
 )
+PAUSED_AT_STOP = (
+    "[sandbank] the server is restarting: this call was interrupted, and the session paused "
+    "with its state; its next call resumes it\n"
+)
+STATE_TIMEOUT = 120.0  # for a worker to write or load its state
+NOT_DURABLE = "sessions cannot be paused on this server: its isolation ({name}) keeps no snapshots"
 
 
 class Hooks(Protocol):
@@ -95,7 +118,8 @@ class NoHooks:
 
 
 class LocalSandboxes:
-    """Sessions on this machine's backend (`SANDBANK_ISOLATION`, or the one handed in)."""
+    """Sessions on this machine's backends: one per isolation offered (`SANDBANK_ISOLATION`
+    and `SANDBANK_ISOLATION_CHOICES`), each with its warm pool; or the one handed in."""
 
     def __init__(
         self,
@@ -103,14 +127,33 @@ class LocalSandboxes:
         backend: Backend | None = None,
         hooks: Hooks | None = None,
         tenants: int = 1,
+        snapshot_key: Callable[[], bytes] | None = None,
     ) -> None:
         self.settings = settings
         self.tenant_limits = TenantLimits(settings, tenants)  # tenants: exec tokens configured
-        self.backend = backend or backend_for(settings)
+        self.tenant_isolation = parse_tenant_isolation(settings.tenant_isolation)
+        made = [backend] if backend is not None else backends_for(settings)
+        # By the isolation a client names; the default's first. A backend handed in (a fake)
+        # stands for the configured isolation.
+        offered = [settings.isolation] if backend is not None else settings.isolations()
+        self.backends: dict[str, Backend] = dict(zip(offered, made, strict=True))
+        self.backend = made[0]  # the default isolation's
+        # Paused sessions resume on the durable backend offered (fork or bwrap), if any.
+        self.durable: Backend | None = next((b for b in made if b.durable), None)
         self.hooks: Hooks = hooks or NoHooks()
         self.egress = EgressConfig.from_settings(settings)
         self.credentials = CredentialBook(settings)  # the operator's and the tenants'
-        self.pool = WarmPool(self.backend, settings.pool_size, settings.pool_preimport)
+        # The default isolation's pool is `pool_size`; another's is smaller (it is asked for
+        # less often, and a gVisor sandbox waiting costs ~120 MiB).
+        self.pools = {
+            name: WarmPool(
+                b,
+                settings.pool_size if b is self.backend else min(2, settings.pool_size),
+                settings.pool_preimport,
+            )
+            for name, b in self.backends.items()
+        }
+        self.pool = self.pools[offered[0]]
         self._sessions: dict[str, ExecSession] = {}
         self._named: dict[tuple[str, str], str] = {}  # (tenant, name) -> session id
         self._closing: set[asyncio.Task[None]] = set()
@@ -120,6 +163,14 @@ class LocalSandboxes:
         self._accepting = False
         self._stopping = False
         self.instance = secrets.token_hex(INSTANCE_CHARS // 2)
+        self._snapshot_key = snapshot_key
+        self.store: SnapshotStore | None = None  # paused sessions' snapshots (durable backends)
+        self._damaged: dict[str, str] = {}  # snapshots refused at start: why
+        self._background: set[asyncio.Task[None]] = set()  # pauses and checkpoints the reaper began
+        # A fleet node's: a checkpoint is copied off the machine; a session ended for good
+        # takes that copy with it (fleet/moves.py).
+        self.on_checkpoint: Callable[[ExecSession], Awaitable[None]] | None = None
+        self.on_ended: Callable[[ExecSession], Awaitable[None]] | None = None
 
     def new_id(self) -> str:
         return self.instance + secrets.token_urlsafe(RANDOM_BYTES)
@@ -132,9 +183,14 @@ class LocalSandboxes:
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         self.credentials.load()
-        self.backend.check()
-        await self.backend.prepare()
-        self.pool.start()
+        for backend in self.backends.values():
+            backend.check()
+        for backend in self.backends.values():
+            await backend.prepare()
+        if self.durable is not None:
+            await asyncio.to_thread(self._open_store)
+        for pool in self.pools.values():
+            pool.start()
         self._reaper = asyncio.create_task(self._reap_forever())
         self._accepting = True
 
@@ -146,11 +202,18 @@ class LocalSandboxes:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        for sid in list(self._sessions):
-            self._destroy_in_background(sid)
-        await self.pool.close()
+        for task in list(self._background):
+            task.cancel()
+        if self.store is not None and self.settings.pause_on_shutdown:
+            await self._pause_all()
+        for sid, session in list(self._sessions.items()):
+            # A paused session stays on disk for the next start.
+            self._destroy_in_background(sid, forget=not session.paused)
+        for pool in self.pools.values():
+            await pool.close()
         await self.drain()
-        await self.backend.close()
+        for backend in reversed(list(self.backends.values())):
+            await backend.close()
 
     async def drain(self) -> None:
         """Wait until every destroy started so far has finished."""
@@ -158,7 +221,7 @@ class LocalSandboxes:
             await asyncio.gather(*list(self._closing), return_exceptions=True)
 
     def status(self) -> dict[str, int]:
-        return {"pool_ready": self.pool.ready}
+        return {"pool_ready": sum(pool.ready for pool in self.pools.values())}
 
     def healthy(self) -> bool:
         return self._accepting
@@ -168,6 +231,7 @@ class LocalSandboxes:
         """A new session; `spec.network` is a client's hint, clamped to the operator's ceiling.
         A named one that lives is given back instead."""
         spec = spec or SessionSpec()
+        spec = dataclasses.replace(spec, isolation=self.isolation_for(tenant, spec.isolation))
         key = None if spec.name is None else (tenant, spec.name)
         if key is not None and (named := self._live(key)) is not None:
             return named.info()
@@ -186,6 +250,34 @@ class LocalSandboxes:
             self._named[key] = session.id
         return session.info()
 
+    def isolation_for(self, tenant: str, asked: str | None) -> str:
+        """The isolation a new session of `tenant` gets: the one its operator forces on it
+        (`SANDBANK_TENANT_ISOLATION`), else the one asked for if offered, else the default.
+        `Unprocessable` for a hint the server does not offer or the tenant may not have."""
+        offered = list(self.backends)
+        forced = next(
+            (iso for prefix, iso in self.tenant_isolation.items() if tenant.startswith(prefix)),
+            None,
+        )
+        if forced is not None:
+            if forced not in self.backends:  # a backend handed in stands for one isolation
+                raise Unprocessable(f"isolation {forced!r} is not offered here")
+            if asked is not None and asked != forced:
+                raise Unprocessable(
+                    f"isolation {asked!r} is not allowed for this client: its sessions run "
+                    f"{forced!r} (SANDBANK_TENANT_ISOLATION); leave it out"
+                )
+            return forced
+        if asked is None:
+            return offered[0]
+        if asked not in self.backends:
+            raise Unprocessable(
+                f"isolation {asked!r} is not offered here: this server offers "
+                f"{', '.join(repr(x) for x in offered)} (SANDBANK_ISOLATION, "
+                "SANDBANK_ISOLATION_CHOICES); leave it out, or ask a server that runs it"
+            )
+        return asked
+
     def _live(self, key: tuple[str, str]) -> ExecSession | None:
         session_id = self._named.get(key)
         session = None if session_id is None else self._sessions.get(session_id)
@@ -201,7 +293,7 @@ class LocalSandboxes:
         s = self.settings
         try:
             reclaim = victim(
-                list(self._sessions.values()),
+                self._running_sessions(),
                 tenant,
                 s.max_sessions,
                 self.tenant_limits.of(tenant),
@@ -214,9 +306,9 @@ class LocalSandboxes:
             self.tenant_limits.refused(tenant, time.time())
             raise
         if reclaim is not None:
-            log.info("reclaiming least recently used session to make room")
-            self._destroy_in_background(reclaim.id)
-        sandbox = await self.pool.take()
+            self._reclaim(reclaim)
+        assert spec.isolation is not None  # isolation_for
+        sandbox = await self.pools[spec.isolation].take()
         sandbox.on_restart = self._restarted
         session = ExecSession(
             id=self.new_id(),
@@ -228,6 +320,7 @@ class LocalSandboxes:
             labels=dict(spec.labels),
             envs=dict(spec.envs),
             credentials=CredentialSet(spec.credentials),
+            isolation=spec.isolation,
         )
         if self.backend.egress_proxy is not None:
             applicable = self.credentials.chain(tenant, session.credentials)
@@ -245,6 +338,8 @@ class LocalSandboxes:
         session = self._sessions.get(session_id)
         # Another tenant's session does not exist for this caller.
         if session is None or not secrets.compare_digest(session.tenant, tenant):
+            if session is None and session_id in self._damaged:
+                raise SnapshotDamaged(self._damaged[session_id])
             if session is None and self.ended_with_a_restart(session_id):
                 raise SessionNotFound(ENDED_WITH_SERVER.format(id=session_id))
             raise SessionNotFound(f"no session {session_id!r}")
@@ -286,6 +381,8 @@ class LocalSandboxes:
                 )
             else:
                 try:
+                    if session.paused:
+                        await self._resume_locked(session)
                     result = await session.sandbox.execute(call, deadline, on_event)
                 finally:
                     session.lock.release()
@@ -295,7 +392,12 @@ class LocalSandboxes:
         if isinstance(call, PythonCall) and call.notebook:
             count = session.executions.get(call.context, 0) + 1
             session.executions[call.context] = result.execution_count = count
-        if self._stopping and result.return_code == RC_KILLED:
+        if session.not_restored:  # the first call after a resume says what the pause lost
+            result = _with_losses(result, session.not_restored)
+            session.not_restored = {}
+        if self._stopping and session.pausing and result.return_code != RC_KILLED:
+            result = dataclasses.replace(result, stderr=result.stderr + PAUSED_AT_STOP)
+        elif self._stopping and result.return_code == RC_KILLED:
             # Ended by the server's own stop, not by anything the code or client did.
             kept = result.stderr.replace(DESTROYED, "")
             result = dataclasses.replace(result, stderr=kept + RESTARTING)
@@ -332,18 +434,19 @@ class LocalSandboxes:
         self._destroy_in_background(session_id)
         self.hooks.destroyed()
 
-    def _destroy_in_background(self, session_id: str) -> None:
+    def _destroy_in_background(self, session_id: str, forget: bool = True) -> None:
+        """End the session; `forget`: its snapshot too (else it is kept for the next start)."""
         session = self._sessions.pop(session_id, None)
         if session is None:
             return
         if self._named:
             for key in [k for k, v in self._named.items() if v == session_id]:
                 del self._named[key]
-        task = asyncio.create_task(self._close(session))
+        task = asyncio.create_task(self._close(session, forget))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    async def _close(self, session: ExecSession) -> None:
+    async def _close(self, session: ExecSession, forget: bool = True) -> None:
         # A client's open download or upload must not keep the workspace's disk busy.
         for open_file in list(session.open_files):
             open_file.close()
@@ -354,21 +457,31 @@ class LocalSandboxes:
             await session.sandbox.close()
         except Exception:
             log.exception("failed to remove a sandbox cleanly; the sweep retries")
+        if forget and self.store is not None:
+            await asyncio.to_thread(self.store.remove, session.id)
+        if forget and not session.moved and session.exported and self.on_ended is not None:
+            try:
+                await self.on_ended(session)
+            except Exception:
+                log.exception("an ended session's exported checkpoint could not be removed")
         await self.sweep()  # reap its orphaned processes now
 
     # --- files ---------------------------------------------------------------------------
     async def list_files(
         self, session_id: str, tenant: str, path: str, limit: int
     ) -> tuple[list[FileEntry], bool]:
-        return await files.list_files(self.session(session_id, tenant), path, limit)
+        async with self._using(session_id, tenant) as session:
+            return await files.list_files(session, path, limit)
 
     async def read_file(self, session_id: str, tenant: str, path: str) -> Download:
-        return await files.open_download(self.session(session_id, tenant), path)
+        async with self._using(session_id, tenant) as session:
+            return await files.open_download(session, path)
 
     async def upload(
         self, session_id: str, tenant: str, form: AsyncIterator[FormPart], cap: int
     ) -> FileEntry:
-        return await files.upload(self.session(session_id, tenant), form, cap)
+        async with self._using(session_id, tenant) as session:
+            return await files.upload(session, form, cap)
 
     async def write_file(
         self,
@@ -379,10 +492,10 @@ class LocalSandboxes:
         *,
         read_only: bool = False,
     ) -> FileEntry:
-        session = self.session(session_id, tenant)
-        if read_only:
-            await _share_root(session)
-        return await files.write_file(session, path, chunks, read_only)
+        async with self._using(session_id, tenant) as session:
+            if read_only:
+                await _share_root(session)
+            return await files.write_file(session, path, chunks, read_only)
 
     # --- sessions as a door lists and extends them ---------------------------------------
     async def list_sessions(self, tenant: str) -> list[SessionInfo]:
@@ -452,13 +565,13 @@ class LocalSandboxes:
         return list(self.session(session_id, tenant).contexts.values())
 
     async def restart_context(self, session_id: str, tenant: str, context_id: str) -> None:
-        session = self.session(session_id, tenant)
+        session = await self.live(session_id, tenant)
         _context(session, context_id)
         session.executions.pop(context_id, None)
         await session.sandbox.drop_context(context_id)
 
     async def remove_context(self, session_id: str, tenant: str, context_id: str) -> None:
-        session = self.session(session_id, tenant)
+        session = await self.live(session_id, tenant)
         _context(session, context_id)
         del session.contexts[context_id]
         session.executions.pop(context_id, None)
@@ -468,7 +581,7 @@ class LocalSandboxes:
     async def start_process(
         self, session_id: str, tenant: str, spec: ProcessSpec
     ) -> AsyncIterator[ProcessEvent]:
-        session = self.session(session_id, tenant)
+        session = await self.live(session_id, tenant)
         if session.envs:
             spec = dataclasses.replace(spec, envs={**session.envs, **spec.envs})
         events = await session.sandbox.start_process(spec)
@@ -479,48 +592,49 @@ class LocalSandboxes:
     async def connect_process(
         self, session_id: str, tenant: str, pid: int
     ) -> AsyncIterator[ProcessEvent]:
-        session = self.session(session_id, tenant)
+        session = await self.live(session_id, tenant)
         async for event in await session.sandbox.connect_process(pid):
             session.touch()
             yield event
 
     async def list_processes(self, session_id: str, tenant: str) -> list[ProcessInfo]:
-        return await self.session(session_id, tenant).sandbox.list_processes()
+        return await (await self.live(session_id, tenant)).sandbox.list_processes()
 
     async def send_stdin(self, session_id: str, tenant: str, pid: int, data: bytes) -> None:
-        await self.session(session_id, tenant).sandbox.send_stdin(pid, data)
+        await (await self.live(session_id, tenant)).sandbox.send_stdin(pid, data)
 
     async def close_stdin(self, session_id: str, tenant: str, pid: int) -> None:
-        await self.session(session_id, tenant).sandbox.close_stdin(pid)
+        await (await self.live(session_id, tenant)).sandbox.close_stdin(pid)
 
     async def signal_process(self, session_id: str, tenant: str, pid: int, sig: Signal) -> None:
-        await self.session(session_id, tenant).sandbox.signal_process(pid, sig)
+        await (await self.live(session_id, tenant)).sandbox.signal_process(pid, sig)
 
     # --- the workspace's tree ----------------------------------------------------------
-    def _tree(self, session_id: str, tenant: str) -> Tree:
-        sandbox = self.session(session_id, tenant).sandbox
-        return Tree(sandbox.workspace, sandbox.uid, {0: "root", sandbox.uid: "user"})
+    async def _on_tree(self, session_id: str, tenant: str, op: Callable[[Tree], T]) -> T:
+        async with self._using(session_id, tenant) as session:
+            sandbox = session.sandbox
+            tree = Tree(sandbox.workspace, sandbox.uid, {0: "root", sandbox.uid: "user"})
+            return await asyncio.to_thread(op, tree)
 
     async def stat(self, session_id: str, tenant: str, path: str) -> FsEntry:
-        return await asyncio.to_thread(self._tree(session_id, tenant).stat, path)
+        return await self._on_tree(session_id, tenant, lambda t: t.stat(path))
 
     async def list_tree(self, session_id: str, tenant: str, path: str, depth: int) -> list[FsEntry]:
-        return await asyncio.to_thread(self._tree(session_id, tenant).walk, path, depth)
+        return await self._on_tree(session_id, tenant, lambda t: t.walk(path, depth))
 
     async def make_dir(self, session_id: str, tenant: str, path: str) -> FsEntry:
-        return await asyncio.to_thread(self._tree(session_id, tenant).make_dir, path)
+        return await self._on_tree(session_id, tenant, lambda t: t.make_dir(path))
 
     async def move(self, session_id: str, tenant: str, source: str, destination: str) -> FsEntry:
-        tree = self._tree(session_id, tenant)
-        return await asyncio.to_thread(tree.move, source, destination)
+        return await self._on_tree(session_id, tenant, lambda t: t.move(source, destination))
 
     async def remove(self, session_id: str, tenant: str, path: str) -> None:
-        await asyncio.to_thread(self._tree(session_id, tenant).remove, path)
+        await self._on_tree(session_id, tenant, lambda t: t.remove(path))
 
     async def watch(
         self, session_id: str, tenant: str, path: str, recursive: bool
     ) -> AsyncIterator[FsChange]:
-        session = self.session(session_id, tenant)
+        session = await self.live(session_id, tenant)
         return await session.sandbox.watch("/".join(split(path)) or ".", recursive)
 
     async def create_watcher(self, session_id: str, tenant: str, path: str, recursive: bool) -> str:
@@ -553,6 +667,375 @@ class LocalSandboxes:
         if watcher is not None and watcher.task is not None:
             watcher.task.cancel()
 
+    # --- pauses: a session's processes end, its state kept on disk (durability.py) -------
+    def _open_store(self) -> None:
+        """The snapshots of earlier runs: their sessions are known again, paused."""
+        root = self.settings.data_dir.resolve() / "paused"
+        if self._snapshot_key is not None:
+            key = self._snapshot_key()
+        else:
+            self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+            key = load_key(self.settings.data_dir / "snapshots.key")
+        store = self.store = SnapshotStore(root, key)
+        store.prepare()
+        for entry in root.iterdir():
+            if not (entry / "manifest.json").exists():
+                # Running when the server stopped, never checkpointed: nothing to resume.
+                log.info("a session that ended with the server left no snapshot: removed")
+                store.remove(entry.name)
+        for session_id in store.scan():
+            try:
+                manifest = store.load(session_id)
+                if manifest.kind == CHECKPOINT:
+                    manifest = _checkpoint_becomes_pause(store, manifest)
+            except SnapshotDamaged as e:
+                log.warning("%s", e.message)
+                self._damaged[session_id] = e.message
+                continue
+            self._sessions[session_id] = self._paused_session(manifest)
+        if self._sessions:
+            log.info(
+                "%d paused sessions found again, resumed on their next call", len(self._sessions)
+            )
+
+    def _paused_session(self, manifest: Manifest) -> ExecSession:
+        assert self.store is not None
+        image = self.store.disk(manifest.session_id)
+        return ExecSession(
+            id=manifest.session_id,
+            tenant=manifest.tenant,
+            sandbox=self._durable().resumed(image, manifest.uid),
+            idle_timeout=manifest.idle_timeout,
+            max_lifetime=manifest.max_lifetime,
+            created_at=manifest.created_at,
+            last_activity_at=manifest.last_activity_at,
+            network=self.egress.effective(
+                NetworkPolicy()
+                if manifest.network is None
+                else NetworkPolicy.parse(manifest.network)
+            ),
+            labels=dict(manifest.labels),
+            envs=dict(manifest.envs),
+            paused=True,
+            paused_at=manifest.saved_at,
+            shared_root=manifest.shared_root,
+            isolation=self._durable().name,  # only a durable backend's snapshots are kept
+            origin=manifest.origin,
+        )
+
+    def adopt(self, manifest: Manifest) -> ExecSession:
+        """A paused session whose snapshot was just committed to the store (moved here from
+        another node): known from now on, resumed on its next call."""
+        self._durable_store()
+        session = self._sessions[manifest.session_id] = self._paused_session(manifest)
+        return session
+
+    async def pause_all(self) -> None:
+        """Pause every running session now (a fleet node's drain, before moving them)."""
+        self._durable_store()
+        await self._pause_all()
+
+    def forget(self, session_id: str) -> None:
+        """End a paused session and its local snapshot: it continues elsewhere (moved)."""
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.moved = True
+        self._destroy_in_background(session_id)
+
+    def _durable_store(self) -> SnapshotStore:
+        if self.store is None:
+            raise Conflict(NOT_DURABLE.format(name=self.backend.name))
+        return self.store
+
+    def _durable(self) -> Backend:
+        assert self.durable is not None, "only a durable backend's sessions are paused"
+        return self.durable
+
+    def _backend_of(self, session: ExecSession) -> Backend:
+        return self.backends.get(session.isolation) or self.backend
+
+    def _pausable(self, session: ExecSession) -> bool:
+        """Its backend keeps snapshots (a gVisor session is never resumed on another)."""
+        return self.store is not None and self._backend_of(session).durable
+
+    async def live(self, session_id: str, tenant: str) -> ExecSession:
+        """The session, running: a paused one is resumed first (in turn with its calls)."""
+        session = self.session(session_id, tenant)
+        if session.paused or session.pausing:
+            async with session.lock:
+                if session.paused:
+                    await self._resume_locked(session)
+        return session
+
+    @contextlib.asynccontextmanager
+    async def _using(self, session_id: str, tenant: str) -> AsyncIterator[ExecSession]:
+        """The session, running, its workspace in use until the block ends (a pause waits)."""
+        session = await self.live(session_id, tenant)
+        session.file_ops += 1
+        try:
+            yield session
+        finally:
+            session.file_ops -= 1
+
+    async def pause(self, session_id: str, tenant: str) -> SessionInfo:
+        """Pause the session (after the calls before it); `PauseFailed` or `StorageFull`, and
+        the session running as before, when its state cannot be kept."""
+        self._durable_store()
+        session = self.session(session_id, tenant)
+        if not self._pausable(session):
+            raise Conflict(NOT_DURABLE.format(name=session.isolation))
+        await self._pause(session)
+        return session.info()
+
+    async def resume(self, session_id: str, tenant: str) -> SessionInfo:
+        return (await self.live(session_id, tenant)).info()
+
+    async def _pause(self, session: ExecSession, kind: str = PAUSED) -> None:
+        session.pausing = True
+        try:
+            async with session.lock:
+                if session.paused or self._sessions.get(session.id) is not session:
+                    return
+                if kind == CHECKPOINT:
+                    await self._checkpoint_locked(session)
+                else:
+                    await self._pause_locked(session)
+        finally:
+            session.pausing = False
+
+    async def _save_state(self, session: ExecSession, name: str) -> tuple[dict[str, str], str, int]:
+        """The worker writes its state; the store takes it: (what was lost, digest, size)."""
+        store = self._durable_store()
+        sandbox = _supervised(session)
+        try:
+            lost = await sandbox.state_op(protocol.OP_SAVE, IN_WORKSPACE, STATE_TIMEOUT)
+        except SandboxError as e:
+            raise PauseFailed(
+                f"the session's state could not be saved ({e.message}): it keeps running"
+            ) from None
+        digest, size = await asyncio.to_thread(
+            store.take_state, session.id, sandbox.workspace, name
+        )
+        return lost, digest, size
+
+    async def _pause_locked(self, session: ExecSession) -> None:
+        store = self._durable_store()
+        # Its workspace is about to be unmounted: the file operations begun before wait.
+        deadline = time.monotonic() + STATE_TIMEOUT
+        while session.file_ops and time.monotonic() < deadline:  # noqa: ASYNC110 - rare, short
+            await asyncio.sleep(0.01)
+        if session.file_ops:
+            raise PauseFailed("a file operation on the session did not end: it keeps running")
+        lost, digest, size = await self._save_state(session, STATE)
+        # From here its processes end: transfers and watches end with them.
+        for open_file in list(session.open_files):
+            open_file.close()
+        for watcher_id, watcher in session.watchers.items():
+            if watcher.task is not None:
+                watcher.task.cancel()
+            lost[f"watcher {watcher_id}"] = "watches end with a pause"
+        session.watchers.clear()
+        sandbox = _supervised(session)
+        uid, image = sandbox.uid, store.disk(session.id)
+        try:
+            await sandbox.suspend(image)
+        except Exception as e:
+            log.exception("a session's disk could not be kept at its pause: the session ends")
+            self._destroy_in_background(session.id)
+            raise PauseFailed(f"the session could not be paused and has ended: {e}") from None
+        manifest = self._manifest(session, PAUSED, uid, digest, size, lost)
+        session.sandbox = self._durable().resumed(image, uid)
+        session.paused, session.paused_at = True, time.time()
+        try:
+            await asyncio.to_thread(store.commit, manifest)
+            await asyncio.to_thread(store.forget_checkpoint, session.id)
+        except Exception:
+            # Still resumable by this server (its files are there); only a restart loses it.
+            log.exception("a paused session's manifest could not be written")
+        self._bound_paused()
+
+    async def _checkpoint_locked(self, session: ExecSession) -> None:
+        store = self._durable_store()
+        activity = session.last_activity_at
+        lost, digest, size = await self._save_state(session, CHECKPOINT_STATE)
+        sandbox = _supervised(session)
+        try:
+            await sandbox.checkpoint_disk(store.disk(session.id, "checkpoint.img"))
+        except OSError as e:
+            raise PauseFailed(f"the session's disk could not be copied: {e}") from None
+        manifest = self._manifest(session, CHECKPOINT, sandbox.uid, digest, size, lost)
+        await asyncio.to_thread(store.commit, manifest)
+        session.checkpointed_at = activity
+        if self.on_checkpoint is not None:
+            # Under the session's lock: the checkpoint's files stay as committed meanwhile.
+            try:
+                await self.on_checkpoint(session)
+            except Exception:
+                log.exception("a checkpoint could not be copied to the object store")
+
+    def _manifest(
+        self, session: ExecSession, kind: str, uid: int, digest: str, size: int,
+        lost: dict[str, str],
+    ) -> Manifest:  # fmt: skip
+        return Manifest(
+            session_id=session.id,
+            tenant=session.tenant,
+            kind=kind,
+            uid=uid,
+            idle_timeout=session.idle_timeout,
+            max_lifetime=session.max_lifetime,
+            created_at=session.created_at,
+            last_activity_at=session.last_activity_at,
+            network=None if session.network.is_none else session.network.entries(),
+            labels=dict(session.labels),
+            envs=dict(session.envs),
+            state_sha256=digest,
+            state_bytes=size,
+            lost=lost,
+            shared_root=session.shared_root,
+            origin=session.origin,
+        )
+
+    async def _resume_locked(self, session: ExecSession) -> None:
+        """Start a sandbox on the paused session's disk and have its worker load its state."""
+        store = self._durable_store()
+        if self._stopping:  # it stays paused for the next start
+            raise AtCapacity("the server is restarting: retry in a moment", retry_after=30)
+        if self._sessions.get(session.id) is not session:  # ended while this call waited
+            raise SessionNotFound(f"no session {session.id!r}")
+        try:
+            manifest = await asyncio.to_thread(store.load, session.id)
+        except (SnapshotDamaged, FileNotFoundError) as e:
+            self._destroy_in_background(session.id)
+            if isinstance(e, SnapshotDamaged):
+                raise
+            raise SnapshotDamaged(
+                f"the snapshot of session {session.id!r} is missing: it was not restored"
+            ) from None
+        self._make_room(session)
+        sandbox = _supervised(session)
+        sandbox.on_restart = self._restarted
+        try:
+            await sandbox.start()
+        except BaseException:
+            # Its disk is still kept: a later call tries again.
+            session.sandbox = self._durable().resumed(store.disk(session.id), manifest.uid)
+            raise
+        try:
+            await asyncio.to_thread(store.place_state, manifest, sandbox.workspace, sandbox.uid)
+            lost = await sandbox.state_op(protocol.OP_RESTORE, IN_WORKSPACE, STATE_TIMEOUT)
+        except SnapshotDamaged:
+            self._destroy_in_background(session.id)  # never half restored
+            raise
+        except BaseException:
+            # Its snapshot is untouched (the disk is kept where it was, the state in the
+            # store): the session stays paused for a later call to try again.
+            await asyncio.shield(sandbox.close())
+            session.sandbox = self._durable().resumed(store.disk(session.id), sandbox.uid)
+            raise
+        if self.backend.egress_proxy is not None:
+            applicable = self.credentials.chain(session.tenant, session.credentials)
+            self.backend.egress_proxy.lease(sandbox.id, session.id, session.network, applicable)
+        await asyncio.to_thread(store.forget_manifest, session.id)
+        if session.shared_root:  # its read-only files stay so in the new sandbox
+            await _share_root(session)
+        session.paused = False
+        session.not_restored = lost
+
+    def _running_sessions(self) -> list[ExecSession]:
+        """The sessions that count against `max_sessions` (one being paused does not)."""
+        return [s for s in self._sessions.values() if not (s.paused or s.pausing)]
+
+    def _make_room(self, resuming: ExecSession) -> None:
+        """A resume counts against `max_sessions` as a new session does."""
+        running = [s for s in self._running_sessions() if s is not resuming]
+        reclaim = victim(
+            running, resuming.tenant, self.settings.max_sessions,
+            self.tenant_limits.of(resuming.tenant), self.tenant_limits.waiting(time.time()),
+        )  # fmt: skip
+        if reclaim is not None:
+            self._reclaim(reclaim)
+
+    def _reclaim(self, session: ExecSession) -> None:
+        """Make room: pause the least recently used idle session (or end it, when it cannot be
+        paused)."""
+        if self._pausable(session) and session.idle_for_pause:
+            log.info("pausing the least recently used session to make room")
+            session.pausing = True  # counted out at once; its pause runs in the background
+            self._in_background(self._pause_reclaimed(session))
+            return
+        log.info("reclaiming least recently used session to make room")
+        self._destroy_in_background(session.id)
+
+    async def _pause_reclaimed(self, session: ExecSession) -> None:
+        try:
+            await self._pause(session)
+        except Exception as e:  # noqa: BLE001 - the room is needed: it ends instead
+            log.warning("a session could not be paused to make room (%s): it ends", e)
+            self._destroy_in_background(session.id)
+
+    def _in_background(self, work: Any) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _pause_quietly(self, session: ExecSession, kind: str) -> None:
+        try:
+            await self._pause(session, kind)
+        except Exception as e:  # noqa: BLE001 - the reaper tries again later
+            log.warning(
+                "an idle session could not be %s: %s",
+                f"{kind}ed" if kind == CHECKPOINT else "paused",
+                e,
+            )
+
+    async def _pause_all(self) -> None:
+        """At a stop: pause every running session within the shutdown grace; a call running
+        is interrupted first (its state survives a KeyboardInterrupt, and the pause)."""
+        idle = [s for s in self._running_sessions() if not s.open_files and self._pausable(s)]
+        if not idle:
+            return
+        started = time.monotonic()
+        tasks = [asyncio.create_task(self._pause_quietly(s, PAUSED)) for s in idle]
+        await asyncio.sleep(0)  # each pause marks its session before the calls end
+        for session in idle:
+            if session.lock.locked():
+                _supervised(session).interrupt()
+        _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace_seconds or None)
+        for task in pending:
+            task.cancel()
+        paused = sum(1 for s in idle if s.paused)
+        log.info(
+            "paused %d of %d idle sessions in %.2f s; the next start resumes them",
+            paused, len(idle), time.monotonic() - started,
+        )  # fmt: skip
+
+    def _bound_paused(self) -> None:
+        paused = sorted((s for s in self._sessions.values() if s.paused), key=lambda s: s.paused_at)
+        for session in paused[: max(0, len(paused) - self.settings.max_paused_sessions)]:
+            log.info("ending the session paused longest ago (SANDBANK_MAX_PAUSED_SESSIONS)")
+            self._destroy_in_background(session.id)
+
+    def hibernate(self, now: float) -> None:
+        """Pause (or checkpoint) the sessions idle long enough, in the background."""
+        s = self.settings
+        if self.store is None or not (
+            s.pause_after_idle_seconds or s.checkpoint_after_idle_seconds
+        ):
+            return
+        for session in self._running_sessions():
+            if not session.idle_for_pause or not self._pausable(session):
+                continue
+            idle = now - session.last_activity_at
+            if s.pause_after_idle_seconds and idle >= s.pause_after_idle_seconds:
+                self._in_background(self._pause_quietly(session, PAUSED))
+            elif (
+                s.checkpoint_after_idle_seconds
+                and idle >= s.checkpoint_after_idle_seconds
+                and session.checkpointed_at != session.last_activity_at
+            ):
+                self._in_background(self._pause_quietly(session, CHECKPOINT))
+
     # --- reaping -------------------------------------------------------------------------
     async def _reap_forever(self) -> None:
         while True:
@@ -571,6 +1054,7 @@ class LocalSandboxes:
             if reason:
                 log.info("reclaiming a session: %s", reason)
                 self._destroy_in_background(session.id)
+        self.hibernate(now)
 
     async def sweep(self) -> None:
         """The backend's sweep for leftovers, off the event loop, one at a time.
@@ -588,7 +1072,8 @@ class LocalSandboxes:
     async def _sweep_until_quiet(self) -> None:
         while True:
             self._sweep_again = False
-            await asyncio.to_thread(self.backend.sweep)
+            for backend in self.backends.values():
+                await asyncio.to_thread(backend.sweep)
             if not self._sweep_again:
                 return
 
@@ -604,6 +1089,29 @@ def _context(session: ExecSession, context_id: str) -> ContextInfo:
     return context
 
 
+def _supervised(session: ExecSession) -> SupervisedSandbox:
+    sandbox = session.sandbox
+    assert isinstance(sandbox, SupervisedSandbox), "durable backends run supervised sandboxes"
+    return sandbox
+
+
+def _with_losses(result: ExecResult, lost: dict[str, str]) -> ExecResult:
+    """The result, saying what the pause before it could not keep (stderr and a field)."""
+    named = "; ".join(f"{name} ({why})" for name, why in sorted(lost.items()))
+    line = f"[sandbank] this session was paused and resumed; not restored: {named}\n"
+    return dataclasses.replace(result, stderr=line + result.stderr, not_restored=dict(lost))
+
+
+def _checkpoint_becomes_pause(store: SnapshotStore, manifest: Manifest) -> Manifest:
+    """After a crash, a checkpoint is the snapshot to resume from."""
+    d = store.dir(manifest.session_id)
+    os.replace(d / "checkpoint.img", d / "disk.img")
+    os.replace(d / CHECKPOINT_STATE, d / STATE)
+    manifest = dataclasses.replace(manifest, kind=PAUSED)
+    store.commit(manifest)
+    return manifest
+
+
 def _in_context(session: ExecSession, call: PythonCall) -> PythonCall:
     """The call with its context's directory and the session's environment variables."""
     cwd = None if call.context is None else _context(session, call.context).cwd
@@ -616,6 +1124,7 @@ def _in_context(session: ExecSession, call: PythonCall) -> PythonCall:
 async def _share_root(session: ExecSession) -> None:
     """The workspace root becomes the server's, writable by the sandbox's group and sticky, so
     files placed read-only cannot be renamed or deleted by the session's code."""
+    session.shared_root = True
     sandbox = session.sandbox
     # The unisolated development mode runs code as the server's own user: nothing to arrange.
     policy = (0, sandbox.uid, files.SHARED_ROOT_MODE)

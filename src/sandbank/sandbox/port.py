@@ -112,6 +112,16 @@ class Sandboxes(Protocol):
         operator's ceiling on lifetimes."""
         ...
 
+    # --- pauses: no process, the session's state on disk; any call resumes it ------------------
+    async def pause(self, session_id: str, tenant: str) -> SessionInfo:
+        """Pause the session after the calls before it (`state` "paused"); `PauseFailed` or
+        `StorageFull` (the session running as before) when its state cannot be kept."""
+        ...
+
+    async def resume(self, session_id: str, tenant: str) -> SessionInfo:
+        """Run the paused session again (a running one is left as it is)."""
+        ...
+
     # --- the session's own credentials (added by the egress proxy, never in the sandbox) -----
     async def list_credentials(self, session_id: str, tenant: str) -> list[CredentialInfo]: ...
 

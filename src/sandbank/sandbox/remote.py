@@ -138,6 +138,12 @@ class RemoteSandboxes:
     async def list_sessions(self, tenant: str) -> list[SessionInfo]:
         return await self._guard(self.client.list_sessions())
 
+    async def pause(self, session_id: str, tenant: str) -> SessionInfo:
+        return await self._guard(self.client.pause(session_id))
+
+    async def resume(self, session_id: str, tenant: str) -> SessionInfo:
+        return await self._guard(self.client.resume(session_id))
+
     async def set_lifetime(self, session_id: str, tenant: str, seconds: int) -> SessionInfo:
         return await self._guard(self.client.set_lifetime(session_id, seconds))
 

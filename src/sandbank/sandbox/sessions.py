@@ -50,6 +50,17 @@ class ExecSession:
     contexts: dict[str, ContextInfo] = field(default_factory=dict)  # Python contexts by id
     executions: dict[str | None, int] = field(default_factory=dict)  # notebook calls, by context
     watchers: dict[str, Watcher] = field(default_factory=dict)  # watches polled by id
+    paused: bool = False  # no process: its state is in its snapshot (durability.py)
+    pausing: bool = False  # a pause holds its lock: file operations wait for it
+    file_ops: int = 0  # file operations on its workspace now (a pause waits for them)
+    shared_root: bool = False  # files were placed read-only (local._share_root)
+    not_restored: dict[str, str] = field(default_factory=dict)  # told in the next call's result
+    checkpointed_at: float = 0.0  # last_activity_at as of its last checkpoint
+    paused_at: float = 0.0
+    isolation: str = ""  # what its sandbox runs under (the server's SANDBANK_ISOLATION)
+    origin: str = ""  # moved from another fleet node: the key it moves under (fleet/moves.py)
+    exported: bool = False  # a checkpoint of it is in the fleet's object store
+    moved: bool = False  # it continues on another node: what was exported stays
 
     def touch(self) -> None:
         self.last_activity_at = time.time()
@@ -68,6 +79,11 @@ class ExecSession:
     def idle(self) -> bool:
         return self.inflight == 0 and not self.lock.locked()
 
+    @property
+    def idle_for_pause(self) -> bool:
+        """Idle, running, and with no transfer open (a pause unmounts its workspace)."""
+        return self.idle and not self.paused and not self.open_files and not self.pausing
+
     def info(self) -> SessionInfo:
         return SessionInfo(
             id=self.id,
@@ -78,6 +94,8 @@ class ExecSession:
             network=self.network,
             labels=dict(self.labels),
             credentials=tuple(c.info() for c in self.credentials.listed()),
+            state="paused" if self.paused else "running",
+            isolation=self.isolation,
         )
 
 

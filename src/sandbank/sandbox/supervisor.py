@@ -105,6 +105,14 @@ class Box(Protocol):
         """Memory-limit kills so far (0 where nothing counts them)."""
         ...
 
+    async def keep_disk(self, dest: Path) -> None:
+        """Once every process is dead: unmount the workspace and keep its disk at `dest`."""
+        ...
+
+    async def freeze_copy(self, dest: Path) -> None:
+        """A consistent copy of the workspace's disk at `dest`, its processes left running."""
+        ...
+
 
 class SupervisedSandbox:
     """A sandbox run by a worker process: calls, deadlines, crashes and restarts."""
@@ -280,6 +288,52 @@ class SupervisedSandbox:
                 self._schedule_restart("protocol")  # a late reply must not answer a later call
             except WorkerGone:
                 pass  # the next call finds it dead and starts another: the context is gone too
+
+    # --- pauses (durability.py decides; the worker writes and reads the state) --------------
+    async def state_op(self, op: str, name: str, timeout: float) -> dict[str, str]:
+        """Have the worker save its state to (or restore it from) the workspace file `name`;
+        what could not be kept. `SandboxError` with the worker's reason when it failed."""
+        async with self._lock:
+            worker = await self._ready_worker(time.monotonic() + READY_TIMEOUT)
+            if self._closed or worker is None:
+                raise SandboxError("the session's interpreter is not running")
+            try:
+                await worker.send({"op": op, protocol.PATH: name})
+                reply = await asyncio.wait_for(_reply(worker), timeout)
+            except TimeoutError:
+                self._schedule_restart("protocol")
+                raise SandboxError("the interpreter did not answer in time") from None
+            except WorkerGone:
+                self._schedule_restart("crash")
+                raise SandboxError("the interpreter died while saving its state") from None
+        if not reply.get("ok"):
+            raise SandboxError(str(reply.get("error") or "the interpreter refused"))
+        lost = reply.get(protocol.LOST) or {}
+        return {str(k): str(v) for k, v in lost.items()}
+
+    def interrupt(self) -> None:
+        """Interrupt the call running now, if any (a KeyboardInterrupt keeps the state)."""
+        if self._lock.locked() and self._worker is not None:
+            self._worker.interrupt()
+
+    async def suspend(self, dest: Path) -> None:
+        """End every process, keep the workspace's disk at `dest`, give back the rest."""
+        async with self._lock:
+            if self._closed:
+                raise SandboxError("the session has ended")
+            self._closed = True
+            if self._restart is not None:
+                self._restart.cancel()
+            try:
+                await self._retire(self._worker)
+                self._worker = None
+                await self.box.keep_disk(dest)
+            finally:
+                await self.box.release()
+
+    async def checkpoint_disk(self, dest: Path) -> None:
+        async with self._lock:
+            await self.box.freeze_copy(dest)
 
     # --- calls -------------------------------------------------------------------------------
     async def execute(

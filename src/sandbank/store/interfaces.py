@@ -109,6 +109,11 @@ class Chats(Protocol):
         """(replica, sandbox id) of the chat's latest sandbox."""
         ...
 
+    async def sandboxes_of(self, user_id: str) -> dict[str, tuple[str, str]]:
+        """(replica, sandbox id) of the latest sandbox of each of the user's chats that had one,
+        by chat id: one read for a list of chats."""
+        ...
+
 
 class RunQueue(Protocol):
     """Runs as leased jobs: a posted question's run is held by one replica at a time, which

@@ -1,7 +1,8 @@
 """The backend interface: what the local sandboxes need of one sandbox and of a way to make them.
 
 Backends, siblings over the host resources of `sandbox/host`: `fork` (isolated, forked from a
-warm template; the default), `bwrap` (isolated, a fresh exec each), `none` (the unisolated
+warm template; the default), `bwrap` (isolated, a fresh exec each), `gvisor` (a gVisor container
+each: user code on gVisor's kernel, not the host's), `none` (the unisolated
 development mode), `fake` (in-process, for tests that need no root); `backend_for` picks one by
 `SANDBANK_ISOLATION`. A backend declares the properties it claims (`claims`), and the contract
 suite in tests/sandbox runs every test of a property against every backend that claims it.
@@ -103,6 +104,7 @@ class Backend(ABC):
     name: ClassVar[str]
     claims: ClassVar[frozenset[str]]
     egress_proxy: EgressProxy | None = None  # how its sandboxes reach the network, if at all
+    durable: ClassVar[bool] = False  # its sessions can be paused (durability.py)
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -124,6 +126,10 @@ class Backend(ABC):
     @abstractmethod
     def new(self, preimport: bool) -> Sandbox:
         """A sandbox, not started yet."""
+
+    def resumed(self, image: Path, previous_uid: int) -> Sandbox:
+        """A sandbox, not started yet, on a paused session's kept disk (durable backends)."""
+        raise NotImplementedError(f"{self.name} sandboxes cannot be paused")
 
     def sweep(self) -> None:  # noqa: B027 - nothing outlives a fake's sandbox
         """Periodically: reap orphans, retry removing what a closed sandbox could not give back."""

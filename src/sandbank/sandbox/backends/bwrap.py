@@ -162,11 +162,12 @@ class BwrapBackend(Backend):
     """Sandboxes in bubblewrap namespaces, with cgroups, a uid and a loop disk each."""
 
     name = "bwrap"
+    durable = True
     claims = frozenset({RUNTIME, INTERPRETERS, ISOLATION, LIMITS, HOST_RESOURCES})
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, host: IsolatedHost | None = None) -> None:
         super().__init__(settings)
-        self.host = IsolatedHost(settings, self.instance, self.base_dir, self.limits)
+        self.host = host or IsolatedHost(settings, self.instance, self.base_dir, self.limits)
         self.egress_proxy = self.host.egress_proxy
         self.runtime_source = self.runtime_dir
 
@@ -179,8 +180,14 @@ class BwrapBackend(Backend):
         await self.host.prepare()
 
     def new(self, preimport: bool) -> SupervisedSandbox:
+        return self._sandbox(preimport, None)
+
+    def resumed(self, image: Path, previous_uid: int) -> SupervisedSandbox:
+        return self._sandbox(False, (image, previous_uid))
+
+    def _sandbox(self, preimport: bool, kept: tuple[Path, int] | None) -> SupervisedSandbox:
         sandbox_id = new_sandbox_id()
-        slot = self.host.slot(sandbox_id)
+        slot = self.host.slot(sandbox_id, kept_disk=kept)
         starter = BwrapStarter(
             slot,
             runtime_dir=self.runtime_source,

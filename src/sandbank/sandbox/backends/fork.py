@@ -256,11 +256,12 @@ class ForkBackend(Backend):
     """Sandboxes forked from a warm template, on isolated host slots."""
 
     name = "fork"
+    durable = True
     claims = frozenset({RUNTIME, INTERPRETERS, ISOLATION, LIMITS, HOST_RESOURCES})
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, host: IsolatedHost | None = None) -> None:
         super().__init__(settings)
-        self.host = IsolatedHost(settings, self.instance, self.base_dir, self.limits)
+        self.host = host or IsolatedHost(settings, self.instance, self.base_dir, self.limits)
         self.egress_proxy = self.host.egress_proxy
         self.template: Template | None = None
 
@@ -282,9 +283,15 @@ class ForkBackend(Backend):
         await self.template.start()
 
     def new(self, preimport: bool) -> SupervisedSandbox:
+        return self._sandbox(preimport, None)
+
+    def resumed(self, image: Path, previous_uid: int) -> SupervisedSandbox:
+        return self._sandbox(False, (image, previous_uid))
+
+    def _sandbox(self, preimport: bool, kept: tuple[Path, int] | None) -> SupervisedSandbox:
         assert self.template is not None, "check() first"
         sandbox_id = new_sandbox_id()
-        slot = self.host.slot(sandbox_id, formatted_disk=self.formatted_disk)
+        slot = self.host.slot(sandbox_id, formatted_disk=self.formatted_disk, kept_disk=kept)
         starter = ForkStarter(
             slot,
             limits=self.limits,

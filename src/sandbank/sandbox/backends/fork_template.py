@@ -17,8 +17,9 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,7 @@ class Template:
         self._generation = 0
         self._checked = 0.0
         self._stopped = False
+        self._readings = MemoryReadings()
 
     # --- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -331,14 +333,18 @@ class Template:
 
     # --- reporting -------------------------------------------------------------------------
     def memory(self) -> dict[str, int]:
-        """The templates' own memory (bytes), apart from the sessions' cgroups."""
+        """The templates' own memory (bytes), apart from the sessions' cgroups.
+
+        Read from the kernel at most every `MEMORY_EVERY` seconds, off the event loop: walking a
+        template's page tables (smaps_rollup) grows with the sessions forked from it, and a
+        metrics scrape at a full machine spent most of its time there.
+        """
         total = {"pss": 0, "rss": 0, "templates": 0}
-        for p in [*self._retiring, *([self._current] if self._current else [])]:
-            if not p.dead:
-                mem = process_memory(p.proc.pid)
-                total["pss"] += mem.get("pss", 0)
-                total["rss"] += mem.get("rss", 0)
-                total["templates"] += 1
+        live = [p.proc.pid for p in [*self._retiring, self._current] if p and not p.dead]
+        for mem in self._readings.of(live).values():
+            total["pss"] += mem.get("pss", 0)
+            total["rss"] += mem.get("rss", 0)
+            total["templates"] += 1
         return total
 
     @property
@@ -371,6 +377,52 @@ async def _uncancellable(exchange: Coroutine[Any, Any, tuple[int, int]]) -> tupl
         os.close(result[1])  # nobody will use this sandbox: its pidfd goes, cgroups kill it
         raise asyncio.CancelledError
     return result
+
+
+MEMORY_EVERY = 10.0  # seconds between two readings of the templates' memory
+
+
+class MemoryReadings:
+    """Processes' memory as last read: a new process is read at once, the others again in a
+    thread once their reading is older than `every` seconds (the caller gets the last one)."""
+
+    def __init__(
+        self, every: float = MEMORY_EVERY, read: Callable[[int], dict[str, int]] | None = None
+    ) -> None:
+        self.every = every
+        self._read = read or process_memory
+        self._known: dict[int, dict[str, int]] = {}
+        self._at = 0.0
+        self._refreshing = False
+        self._lock = threading.Lock()
+
+    def of(self, pids: list[int]) -> dict[int, dict[str, int]]:
+        with self._lock:
+            self._known = {pid: mem for pid, mem in self._known.items() if pid in pids}
+            new = [pid for pid in pids if pid not in self._known]
+            stale = time.monotonic() - self._at >= self.every and not self._refreshing
+            if stale:
+                self._refreshing = True
+        for pid in new:
+            mem = self._read(pid)
+            with self._lock:
+                self._known[pid] = mem
+        if stale:
+            threading.Thread(target=self._refresh, args=(pids,), daemon=True).start()
+        with self._lock:
+            return {pid: self._known[pid] for pid in pids if pid in self._known}
+
+    def _refresh(self, pids: list[int]) -> None:
+        try:
+            read = {pid: self._read(pid) for pid in pids}
+            with self._lock:
+                for pid, mem in read.items():
+                    if pid in self._known:
+                        self._known[pid] = mem
+        finally:
+            with self._lock:
+                self._at = time.monotonic()
+                self._refreshing = False
 
 
 def process_memory(pid: int) -> dict[str, int]:

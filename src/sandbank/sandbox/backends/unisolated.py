@@ -16,6 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
+from ...errors import Conflict
 from ..channel import WorkerProcess
 from ..egress import EgressConfig
 from ..host.layout import INSIDE_DIR
@@ -81,6 +82,12 @@ class PlainBox:
 
     def oom_count(self) -> int:
         return 0
+
+    async def keep_disk(self, dest: Path) -> None:
+        raise Conflict("sessions cannot be paused without isolation (SANDBANK_ISOLATION=none)")
+
+    async def freeze_copy(self, dest: Path) -> None:
+        raise Conflict("sessions cannot be paused without isolation (SANDBANK_ISOLATION=none)")
 
 
 class UnisolatedBackend(Backend):

@@ -34,6 +34,9 @@ PR_SET_CHILD_SUBREAPER = 36
 # Groups of an instance that holds no lock (a server from before instance locks) are left
 # alone unless empty and this old: such a server may still be running.
 UNLOCKED_INSTANCE_AGE = 3600.0
+# What a sandbox leaves orphaned to us: bwrap's inner init, the fork template's, gVisor's.
+# (runsc re-executes itself as the Sentry, the gofer and the ptrace stubs: "exe".)
+ORPHAN_NAMES = (b"(bwrap", b"(sb-init", b"(runsc-sandbox", b"(runsc-gofer", b"(exe")
 INSTANCE_LOCK_WAIT = 30.0  # a sweeper holds another instance's lock for a few seconds at most
 
 
@@ -118,7 +121,12 @@ def favor_dynamic_moves() -> None:
 
 
 class IsolatedHost:
-    """This server's isolated sandboxes' share of the machine."""
+    """This server's isolated sandboxes' share of the machine.
+
+    One per server, shared by every isolated backend it offers (`SANDBANK_ISOLATION_CHOICES`):
+    their sandboxes draw on the same uids, cgroups, directory and disk, and a sweep must know
+    all of them. Checked once; prepared by the first backend and closed by the last.
+    """
 
     def __init__(self, settings: Settings, instance: str, base_dir: Path, limits: Limits) -> None:
         self.settings = settings
@@ -135,10 +143,14 @@ class IsolatedHost:
         )
         self._open: set[str] = set()  # sandboxes made and not yet given back
         self._own_store = False
+        self._checked = False
+        self._users = 0  # backends prepared on it and not closed yet
         self.instance_lock = InstanceLock(settings.uid_lock_dir, instance)
 
     def check(self) -> None:
         """The runtime, traversable paths, the seccomp program and the uid pool."""
+        if self._checked:
+            return
         python = self.runtime_dir / "bin" / "python3"
         if not python.exists():
             raise IsolationUnavailable(
@@ -163,8 +175,12 @@ class IsolatedHost:
         self._own_store = bool(roots)
         s = self.settings
         self.uids = UidAllocator(s.uid_lock_dir, s.uid_base, s.uid_count)
+        self._checked = True
 
     async def prepare(self) -> None:
+        self._users += 1
+        if self._users > 1:
+            return
         data = self.settings.data_dir
         data.mkdir(parents=True, exist_ok=True)
         self.base_dir.mkdir(parents=True, exist_ok=True)
@@ -188,7 +204,14 @@ class IsolatedHost:
         # Sessions are counted by their idle cost (capacity.py); together they stay below this.
         cgroups.limit_instance(self.instance, capacity.sessions_memory())
 
-    def slot(self, sandbox_id: str, formatted_disk: Path | None = None) -> Slot:
+    def slot(
+        self,
+        sandbox_id: str,
+        formatted_disk: Path | None = None,
+        kept_disk: tuple[Path, int] | None = None,
+        limits: Limits | None = None,
+    ) -> Slot:
+        """A sandbox's share; `limits` when its backend's differ (gVisor's kernel needs room)."""
         assert self.uids is not None, "check() first"
         self._open.add(sandbox_id)
         return Slot(
@@ -196,9 +219,10 @@ class IsolatedHost:
             instance=self.instance,
             base_dir=self.base_dir,
             uids=self.uids,
-            limits=self.limits,
+            limits=limits or self.limits,
             egress_proxy=self.egress_proxy,
             formatted_disk=formatted_disk,
+            kept_disk=kept_disk,
             on_released=self._open.discard,
         )
 
@@ -223,20 +247,37 @@ class IsolatedHost:
         self._remove_unowned()
 
     def _remove_unowned(self) -> None:
+        """Remove the sandbox directories (and their mounts) that no open sandbox owns.
+
+        Runs after every sandbox given back and every reaper period: the directory listing
+        decides, and the mount table (which grows with the sandboxes) is read only when a
+        directory is left over. A leftover mount always has its directory: a mount point is
+        never removed (`remove_sandbox_dir`).
+        """
+        try:
+            names = os.listdir(self.base_dir)
+        except FileNotFoundError:
+            return
+        unowned = [name for name in names if name not in self._open]
+        if not unowned:
+            return
+        leftover = set(unowned)
         for point in sorted(disk.mounts_under(self.base_dir), reverse=True):
-            if Path(point).parent.name not in self._open:
+            inside = Path(point).relative_to(self.base_dir).parts
+            if inside and inside[0] in leftover:
                 disk.unmount(point, lazy=True)
                 log.info("unmounted a leftover workspace %s", point)
-        if self.base_dir.exists():
-            for child in self.base_dir.iterdir():
-                if child.name not in self._open:
-                    remove_sandbox_dir(child)
+        for name in unowned:
+            remove_sandbox_dir(self.base_dir / name)
 
     def sweep(self) -> None:
         reap_orphans(WorkerProcess.spawned)
         self._remove_unowned()
 
     async def close(self) -> None:
+        self._users -= 1
+        if self._users > 0:
+            return  # another backend's sandboxes still use it
         if self.egress_proxy is not None:
             await self.egress_proxy.close()
         reap_orphans(WorkerProcess.spawned)
@@ -274,7 +315,7 @@ def reap_orphans(known: set[int]) -> None:
         except OSError:
             continue
         fields = rest.split()
-        if head.endswith((b"(bwrap", b"(sb-init")) and fields[0] == b"Z" and int(fields[1]) == me:
+        if head.endswith(ORPHAN_NAMES) and fields[0] == b"Z" and int(fields[1]) == me:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
 

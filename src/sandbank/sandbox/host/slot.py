@@ -39,6 +39,7 @@ class Slot:
         limits: Limits,
         egress_proxy: EgressProxy | None,
         formatted_disk: Path | None = None,
+        kept_disk: tuple[Path, int] | None = None,
         on_released: Callable[[str], None] = lambda _id: None,
     ) -> None:
         self.id = sandbox_id
@@ -47,6 +48,8 @@ class Slot:
         self.limits = limits
         self.egress_proxy = egress_proxy
         self.formatted_disk = formatted_disk
+        # A paused session's disk, mounted where it is kept, and the uid its files belonged to.
+        self.kept_disk = kept_disk
         self.on_released = on_released
         self.cgroup = cgroups.Cgroup(instance, sandbox_id)
         self.uid = 0
@@ -60,7 +63,7 @@ class Slot:
 
     @property
     def image(self) -> Path:
-        return self.dir / "disk.img"
+        return self.kept_disk[0] if self.kept_disk is not None else self.dir / "disk.img"
 
     @property
     def egress_dir(self) -> Path:
@@ -82,7 +85,11 @@ class Slot:
         self._acquired = True
         self.uid = self.uids.claim()
         self.root_policy = (self.uid, self.uid, 0o700)
-        background = self.formatted_disk is not None and self.formatted_disk.exists()
+        background = (
+            self.kept_disk is None
+            and self.formatted_disk is not None
+            and self.formatted_disk.exists()
+        )
         await asyncio.to_thread(self._make, background)
         if background:
             assert self.formatted_disk is not None
@@ -107,7 +114,10 @@ class Slot:
         self.dir.mkdir(mode=0o711, parents=True)
         lim = self.limits
         self.cgroup.create(lim.memory_bytes, lim.pids, lim.cpus)
-        if background_disk:
+        if self.kept_disk is not None:
+            image, previous_uid = self.kept_disk
+            disk.remount_kept(image, self.workspace, self.uid, previous_uid, lim.disk_reserve_bytes)
+        elif background_disk:
             self.workspace.mkdir(mode=0o700)  # the disk's mount point
         else:
             disk.create(
@@ -134,8 +144,18 @@ class Slot:
     def oom_count(self) -> int:
         return self.cgroup.oom_kills()
 
+    async def keep_disk(self, dest: Path) -> None:
+        await self.disk_made()
+        await asyncio.to_thread(disk.keep, self.image, self.workspace, dest)
+        self.kept_disk = (dest, self.uid)
+
+    async def freeze_copy(self, dest: Path) -> None:
+        await self.disk_made()
+        await asyncio.to_thread(disk.frozen_copy, self.image, self.workspace, dest)
+
     async def release(self) -> None:
         if not self._acquired:
+            self.on_released(self.id)  # never started (a paused session's next sandbox)
             return
         self._acquired = False
         if self._disk is not None:
@@ -176,9 +196,15 @@ def remove_sandbox_dir(path: Path) -> None:
 class IsolatedBox:
     """The supervisor's `Box` for an isolated sandbox: a slot, and how its worker starts."""
 
-    def __init__(self, slot: Slot, launch: Callable[[], Awaitable[WorkerProcess]]) -> None:
+    def __init__(
+        self,
+        slot: Slot,
+        launch: Callable[[], Awaitable[WorkerProcess]],
+        before_kill: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.slot = slot
         self._launch = launch
+        self._before_kill = before_kill  # a runtime's own way to stop its processes first
 
     @property
     def uid(self) -> int:
@@ -203,6 +229,8 @@ class IsolatedBox:
         return await self._launch()
 
     async def kill_everything(self, worker: WorkerProcess | None) -> None:
+        if self._before_kill is not None:
+            await self._before_kill()
         if worker is not None:
             worker.kill()
         await self.slot.kill_all()
@@ -214,3 +242,9 @@ class IsolatedBox:
 
     def oom_count(self) -> int:
         return self.slot.oom_count()
+
+    async def keep_disk(self, dest: Path) -> None:
+        await self.slot.keep_disk(dest)
+
+    async def freeze_copy(self, dest: Path) -> None:
+        await self.slot.freeze_copy(dest)

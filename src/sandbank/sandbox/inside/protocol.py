@@ -31,6 +31,10 @@ OP_PYTHON = "python"  # code
 OP_BASH = "bash"  # command
 OP_EDIT = "edit"  # command, path, file_text, old_str, new_str, insert_line, view_range
 OP_PING = "ping"
+# A pause (snapshot.py): the worker writes its state to the workspace file at `path`, or loads
+# one; both reply {"ok": bool, "lost": {name: reason}, "error": text when not ok}.
+OP_SAVE, OP_RESTORE = "save_state", "restore_state"
+PATH, LOST = "path", "lost"
 LIMIT = "limit"  # bytes of output kept per stream
 STREAM = "stream"  # true: send the call's output as it comes, in event frames, before the reply
 

@@ -100,6 +100,28 @@ class Shell:
             os.close(self.status_r)
         return self.out.text(), self.err.text(), rc
 
+    def state(self) -> str:
+        """A script giving a new bash this one's directory, exports, functions and aliases."""
+        if self.proc is None or self.proc.poll() is not None:
+            return ""
+        out = os.path.join(self.dir, "state")
+        self.run(
+            "{ builtin printf 'builtin cd -- %q\\n' \"$PWD\"; builtin export -p; "
+            "builtin declare -f; builtin alias -p; builtin shopt -p expand_aliases; } "
+            f"> {out} 2>/dev/null",
+            4096,
+        )
+        try:
+            with open(out, encoding="utf-8", errors="surrogateescape") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def restore(self, script: str) -> None:
+        """Run a script `state` wrote (its errors, a directory gone say, are not the user's)."""
+        with contextlib.suppress(ShellUnavailable):
+            self.run(script, 4096)
+
     def _wait_status(self, marker: bytes) -> int | None:
         while True:
             line_end = self.status_buf.find(b"\n")

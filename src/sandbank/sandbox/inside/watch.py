@@ -15,7 +15,7 @@ import select
 import stat
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import protocol as p
@@ -33,6 +33,15 @@ MAX_DIRS = 4096  # directories one recursive watch follows
 STAGED = ".sandbank-upload-"  # the server's own hidden names while it writes a file
 
 Send = Callable[[dict[str, Any]], None]
+
+
+def events(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """(watch descriptor, mask, name) of each inotify event in what one read returned."""
+    at = 0
+    while at + EVENT.size <= len(data):
+        wd, mask, _cookie, size = EVENT.unpack_from(data, at)
+        yield wd, mask, data[at + EVENT.size : at + EVENT.size + size].rstrip(b"\0")
+        at += EVENT.size + size
 
 
 def _libc() -> Any:
@@ -112,11 +121,7 @@ class Watch(threading.Thread):
 
     def _changes(self, data: bytes) -> list[list[str]]:
         changes: list[list[str]] = []
-        at = 0
-        while at + EVENT.size <= len(data):
-            wd, mask, _cookie, size = EVENT.unpack_from(data, at)
-            raw = data[at + EVENT.size : at + EVENT.size + size].rstrip(b"\0")
-            at += EVENT.size + size
+        for wd, mask, raw in events(data):
             if mask & IN_IGNORED:
                 self.dirs.pop(wd, None)
                 continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import sys
 import threading
 import traceback
@@ -18,10 +19,11 @@ from collections.abc import Callable
 from typing import Any
 
 from . import protocol as p
+from . import snapshot
 from .capture import Capture
 from .contexts import Contexts
 from .editor import Editor
-from .files import produced, scan
+from .files import Tracker, scan
 from .notebook import session_shell
 from .pyexec import PythonRunner
 from .services import Services
@@ -88,6 +90,7 @@ class Worker:
         self.services = Services(channel)  # background processes and watches, beside calls
         self.shell = Shell(WORKSPACE)
         self.editor = Editor(WORKSPACE)
+        self.tracker = Tracker(WORKSPACE)  # what a call produced (set up at the first call)
         self.busy: str | None = None
         self.busy_lock = threading.Lock()  # no interrupt is sent once a call has ended
         self.main_thread = threading.main_thread().ident
@@ -170,7 +173,7 @@ class Worker:
         if op == p.OP_PING:
             return {"ok": True}
         if op == p.OP_PYTHON:
-            before = scan(WORKSPACE)
+            before = self.tracker.before()
             with self.contexts.entered(msg) as python:
                 python.on_display = (
                     (lambda b: self.channel.send({p.EVENT: p.EVENT_DISPLAY, "data": b}))
@@ -179,22 +182,31 @@ class Worker:
                 )
                 with self.busy_with(p.OP_PYTHON), Capture(limit, live) as cap:
                     rc = python.run(str(msg["code"]))
-            files = produced(WORKSPACE, before)
+            files = self.tracker.produced(before)
             reply = p.result(cap.out, cap.err, rc, files, python.displays)
             if msg.get(p.NOTEBOOK):
                 reply[p.MAIN], reply[p.ERROR] = python.main, python.error
             return reply
+        if op in (p.OP_SAVE, p.OP_RESTORE):
+            path = os.path.join(WORKSPACE, os.path.basename(str(msg[p.PATH])))
+            try:
+                save_or_restore = snapshot.save if op == p.OP_SAVE else snapshot.restore
+                return {"ok": True, p.LOST: save_or_restore(self, path)}
+            except Exception as e:
+                with contextlib.suppress(OSError):
+                    os.unlink(f"{path}.tmp")
+                return {"ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
         if op == p.OP_DROP_CONTEXT:
             self.contexts.drop(str(msg.get(p.CONTEXT)))
             return p.result()
         if op == p.OP_BASH:
-            before = scan(WORKSPACE)
+            before = self.tracker.before()
             try:
                 with self.busy_with(p.OP_BASH):
                     out, err, rc = self.shell.run(str(msg["command"]), limit, live)
             except ShellUnavailable as e:
                 return p.result(stderr=f"[sandbank] {e}\n", return_code=1)
-            return p.result(out, err, rc, produced(WORKSPACE, before))
+            return p.result(out, err, rc, self.tracker.produced(before))
         if op == p.OP_EDIT:
             with self.busy_with(p.OP_EDIT):
                 out, err, rc = self.editor.run(msg)
@@ -233,7 +245,20 @@ def preimport() -> None:
     plt.close("all")
 
 
+def interrupt_channel() -> int:
+    """The descriptor interrupts arrive on: inherited (bwrap, fork), or under gVisor, which
+    passes no descriptor but stdio, a unix socket the host listens on (connected first, the
+    host waits for it)."""
+    path = os.environ.pop("SANDBANK_INTERRUPT_SOCKET", "")
+    if path:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        return sock.detach()
+    return int(os.environ.pop("SANDBANK_INTERRUPT_FD"))
+
+
 def main() -> None:
+    interrupt_fd = interrupt_channel()
     channel = Channel()
     os.chdir(WORKSPACE)
     if os.environ.get("SANDBANK_SITE"):  # set only when this server has egress
@@ -251,7 +276,6 @@ def main() -> None:
             traceback.print_exc()
     # The namespace the user sees starts clean: the shell's own fresh __main__, not this module.
     worker = Worker(channel)
-    interrupt_fd = int(os.environ.pop("SANDBANK_INTERRUPT_FD"))
     os.set_inheritable(interrupt_fd, False)
     worker.warm_up()
     channel.send({p.READY: True, "pid": os.getpid()})

@@ -75,3 +75,7 @@ class MemoryChats:
 
     async def sandbox(self, session_id: str) -> tuple[str | None, str | None]:
         return self.state.sandboxes.get(session_id, (None, None))
+
+    async def sandboxes_of(self, user_id: str) -> dict[str, tuple[str, str]]:
+        mine = {c.id for c in self.state.chats.values() if c.user_id == user_id}
+        return {sid: where for sid, where in self.state.sandboxes.items() if sid in mine}

@@ -119,30 +119,39 @@ class SqlChats:
         row = await self.db.read(one(query))
         return (None, None) if row is None else (row.replica, row.sandbox_id)
 
+    async def sandboxes_of(self, user_id: str) -> dict[str, tuple[str, str]]:
+        query = sa.select(sessions.c.id, sessions.c.replica, sessions.c.sandbox_id).where(
+            sessions.c.user_id == user_id, sessions.c.sandbox_id.is_not(None)
+        )
+        rows = await self.db.read(every(query))
+        return {r.id: (r.replica or "", r.sandbox_id) for r in rows}
+
 
 # --- row helpers: parts of transactions that change a chat along with another aggregate ------
+
+
+def _locked(
+    conn: Conn, column: sa.Column[Any], where: sa.ColumnElement[bool]
+) -> sa.Row[Any] | None:
+    """The row's `column`, its row locked until commit (None when there is no such row)."""
+    return conn.execute(
+        sa.select(column)
+        .where(where)
+        .with_for_update()  # ignored by SQLite, whose writer already holds the database lock
+    ).first()
 
 
 def lock_user(conn: Conn, user_id: str) -> None:
     """Lock the user's row until commit (`NotFound` when missing): what is counted against the
     user's quotas stays as counted until the transaction commits."""
-    row = conn.execute(
-        sa.select(users.c.id)
-        .where(users.c.id == user_id)
-        .with_for_update()  # ignored by SQLite, whose writer already holds the database lock
-    ).first()
-    if row is None:
+    if _locked(conn, users.c.id, users.c.id == user_id) is None:
         raise NotFound(f"no user with id {user_id!r}")
 
 
 def lock_chat(conn: Conn, session_id: str) -> float | None:
     """Lock the chat's row until commit (`SessionNotFound` when missing); its latest message
     timestamp, from which the next one is assigned."""
-    row = conn.execute(
-        sa.select(sessions.c.last_message_at)
-        .where(sessions.c.id == session_id)
-        .with_for_update()  # ignored by SQLite, whose writer already holds the database lock
-    ).first()
+    row = _locked(conn, sessions.c.last_message_at, sessions.c.id == session_id)
     if row is None:
         raise SessionNotFound(f"no session {session_id}")
     return cast(float | None, row.last_message_at)

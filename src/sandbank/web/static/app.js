@@ -14,6 +14,12 @@ const CANCELLED = "cancelled";
 const ASSISTANT_RECHECK_MS = 10_000; // while the assistant cannot answer, asked again this often
 // error_code of the answers saying the assistant cannot answer now (no model, or unreachable).
 const ASSISTANT_DOWN = new Set([1101, 1102, 1106]);
+// What the page says of the session's sandbox, where its code runs (the session's `sandbox`).
+const SANDBOX_TEXT = {
+  running: "Sandbox running.",
+  paused: "Sandbox paused — your variables are kept; the next question resumes it.",
+  none: "No sandbox: the next question starts a fresh one, without earlier variables.",
+};
 // From /ui/config.json: whether to ask for a key, the sessions' time to live, and whether the
 // assistant can answer (if not, what the operator must set).
 const state = {
@@ -277,6 +283,7 @@ class SessionsView {
         question === null ? h("span", { class: "title muted" }, "New session") : h("span", { class: "title" }, titleOf(question)),
       ),
       statusBadge(session, question !== null || session.status !== "DONE"),
+      session.sandbox === "paused" ? h("span", { class: "sandbox-mark muted" }, "sandbox paused") : null,
       h("span", { class: "muted" }, statusOf(session, true) === "ERROR" && session.status_message ? session.status_message : ""),
       h("time", { class: "created muted", datetime: new Date(createdOf(session) * 1000).toISOString() }, `created ${new Date(createdOf(session) * 1000).toLocaleString()}`),
       h("span", { class: "expiry muted" }, expiryText(session.ttl)),
@@ -325,6 +332,7 @@ class SessionView {
     this.badge = h("span", { class: "badge" });
     this.expiry = h("span", { class: "expiry muted" });
     this.statusLine = h("p", { class: "status-line", role: "status", "aria-live": "polite" });
+    this.sandboxLine = h("p", { class: "sandbox-state", "aria-live": "polite", hidden: true });
     this.messages = h("ol", { class: "messages hide-internal", "aria-label": "Conversation" });
     this.fileList = h("ul", { class: "file-list", "aria-label": "Files" });
     this.uploads = h("ul", { class: "uploads" });
@@ -402,6 +410,7 @@ class SessionView {
             h("label", { class: "check toggle" }, internal, " Show internal messages (code, output, traces)"),
             this.messages,
             this.statusLine,
+            this.sandboxLine,
             this.form,
           ),
         ),
@@ -515,6 +524,18 @@ class SessionView {
     if (status === "ERROR" && /cannot be reached/.test(session.status_message ?? "")) loadConfig();
     this.setBusy(pending);
     this.retryButton.hidden = pending || !(status === "ERROR" || status === "CANCELLED") || this.lastQuestion === null;
+    // A question runs in the sandbox (a paused one is resumed for it).
+    this.showSandbox(pending ? "running" : session.sandbox);
+  }
+
+  /** The sandbox's state; undefined (an answer that does not say, the stream's status) keeps
+   * what is shown. Before the first question there is nothing to say. */
+  showSandbox(sandbox) {
+    if (sandbox === undefined) return;
+    const text = sandbox === "none" && this.lastQuestion === null ? "" : SANDBOX_TEXT[sandbox] ?? "";
+    this.sandboxLine.textContent = text;
+    this.sandboxLine.hidden = !text;
+    this.sandboxLine.dataset.sandbox = sandbox;
   }
 
   setBusy(busy) {
@@ -548,7 +569,9 @@ class SessionView {
     }
     if (!this.alive) return;
     if (ended === "ended") {
-      await this.refreshFiles().catch((error) => handleFatal(error, this.box));
+      // The session is read again for what the stream does not say: its sandbox's state.
+      const session = api.sessions.get(this.sid).then((s) => this.alive && this.showSession(s));
+      await Promise.all([this.refreshFiles(), session]).catch((error) => handleFatal(error, this.box));
       this.question.focus();
     } else {
       this.poll(); // broken, refused, or the server stopped: polling carries on
