@@ -39,6 +39,10 @@ def test_the_battery_detects_escapes_from_the_unisolated_reference(
 ) -> None:
     out = io.StringIO()
     assert run_attack(settings(tmp_path), [isolation], out) == 1
+    # Unisolated, the sandbox can trace the battery's own process; it must not be left traced
+    # (a tracee stops at its next signal with nobody to resume it: the run would hang).
+    assert "left this process traced" not in out.getvalue()
+    assert "none    ESCAPED  ptrace the server" in out.getvalue()
     escaped = out.getvalue().count("none    ESCAPED")
     assert escaped >= len(ATTEMPTS) - 3, out.getvalue()
     assert f"none: {escaped} of {len(ATTEMPTS)} attempts succeeded" in out.getvalue()

@@ -15,6 +15,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import signal
 import socket
 import tempfile
 import threading
@@ -93,12 +94,18 @@ except OSError as e:
     print("held", e)
 """,
     "ptrace the server": """
-r = sc(101, 0x4206, {server_pid}, 0, 0)  # PTRACE_SEIZE: no stop
-if r == 0:
-    sc(101, 17, {server_pid}, 0, 0)  # PTRACE_DETACH
+# PTRACE_SEIZE stops nothing, but a running tracee cannot be detached: a tracer that lives on
+# freezes the server at its next signal (a tracee stops on every one). So a child seizes and
+# exits at once, and its exit detaches.
+child = os.fork()
+if child == 0:
+    r = sc(101, 0x4206, {server_pid}, 0, 0)  # PTRACE_SEIZE
+    os._exit(0 if r == 0 else min(ctypes.get_errno(), 250) or 250)
+status = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+if status == 0:
     print("ESCAPED: traced the server")
 else:
-    print("held", errno.errorcode.get(ctypes.get_errno()))
+    print("held", errno.errorcode.get(status, status))
 """,
     "connect to the host's loopback": """
 s = socket.socket(); s.settimeout(3)
@@ -270,6 +277,12 @@ async def attack(settings: Settings, out: TextIO) -> list[Outcome]:
                     detail = text[-1] if text else f"return code {result.return_code}"
                 except SandbankError as e:
                     detail = f"held: {e.message}"
+                if (tracer := _tracer()) != 0:
+                    # Traced, this process would stop at its next signal with nobody to resume
+                    # it: the tracer (a sandbox's process) goes, and the attempt counts.
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(tracer, signal.SIGKILL)
+                    detail = f"ESCAPED: left this process traced by pid {tracer}"
                 escaped = detail.startswith("ESCAPED") or (host_dir / "planted").exists()
                 with contextlib.suppress(FileNotFoundError):
                     (host_dir / "planted").unlink()
@@ -283,6 +296,15 @@ async def attack(settings: Settings, out: TextIO) -> list[Outcome]:
             await runtime.close()
         await asyncio.to_thread(shutil.rmtree, scratch, ignore_errors=True)
     return outcomes
+
+
+def _tracer() -> int:
+    """The pid tracing this process, 0 when none."""
+    with open(f"/proc/{os.getpid()}/status") as f:
+        for line in f:
+            if line.startswith("TracerPid:"):
+                return int(line.split()[1])
+    return 0
 
 
 def _own_cmdline() -> bytes:
