@@ -200,7 +200,7 @@ class Metrics:
         """Gauges read the local sandboxes when scraped: no bookkeeping can drift."""
         self.registry.register(SessionStates(local))
         self.registry.register(SandboxMemory(local))
-        self.pool_ready.set_function(lambda: local.pool.ready)
+        self.pool_ready.set_function(lambda: local.status()["pool_ready"])
         Gauge(
             "sandbank_sessions_max",
             "Sessions this server leases at most (SANDBANK_MAX_SESSIONS).",

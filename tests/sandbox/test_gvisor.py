@@ -4,14 +4,17 @@ against it with `SANDBANK_TEST_BACKENDS=gvisor`.)"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from sandbank.errors import Conflict, Unprocessable
+from sandbank.metrics import Metrics
 from sandbank.protocol.calls import BashCall, ExecResult, PythonCall
 from sandbank.protocol.sessions import SessionSpec
 from sandbank.sandbox.backends.gvisor import GvisorBackend, probe_platform, runsc_processes
@@ -220,3 +223,15 @@ async def test_a_hint_not_offered_or_not_allowed_is_refused_naming_the_choices(
     with pytest.raises(Unprocessable, match="SANDBANK_TENANT_ISOLATION"):
         await tiers.create(FORCED + "9999", SessionSpec(isolation="fork"))
     assert tiers.sessions() == []  # nothing was made for either
+
+
+async def test_the_pool_gauge_counts_every_isolations_warm_sandboxes(
+    tiers: LocalSandboxes,
+) -> None:
+    metrics = Metrics()
+    metrics.watch_sandboxes(tiers)
+    deadline = time.monotonic() + 60
+    while any(p.ready < 1 for p in tiers.pools.values()) and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.1)
+    assert tiers.pools["fork"].ready == tiers.pools["gvisor"].ready == 1
+    assert metrics.registry.get_sample_value("sandbank_pool_ready") == 2

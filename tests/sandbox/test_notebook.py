@@ -138,6 +138,18 @@ async def test_previous_results_and_inputs_as_in_ipython(sb: Shell) -> None:
     assert r.stdout == "0\n", r  # echoed values are not kept for the session's life
 
 
+async def test_a_new_session_shows_nothing_of_its_warm_up(sb: Shell) -> None:
+    # The worker runs a value and an error before any lease (their first use is slow under
+    # gVisor): none of it is the user's history.
+    r = await sb.py(
+        "import sys\nprint(len(In), repr(_), [n for n in ('last_value', 'last_traceback') "
+        "if hasattr(sys, n)])"
+    )
+    assert r.stdout == "2 '' []\n", r
+    r = await sb.py("%tb")
+    assert "ZeroDivisionError" not in r.stdout + r.stderr, r
+
+
 async def test_tracebacks_are_ipythons_without_colour_or_the_workers_frames(sb: Shell) -> None:
     r = await sb.py("def inner():\n    raise ValueError('bad value')\n\ninner()")
     assert r.return_code == 1

@@ -46,6 +46,6 @@ def sessions_endpoint(local: LocalSandboxes, settings: Settings) -> Any:
             }
             for s in sorted(local.sessions(), key=lambda s: s.created_at, reverse=True)
         ]
-        return JSONResponse({"sessions": listing, "pool_ready": local.pool.ready})
+        return JSONResponse({"sessions": listing, "pool_ready": local.status()["pool_ready"]})
 
     return sessions

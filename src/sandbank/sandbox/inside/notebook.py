@@ -336,6 +336,9 @@ def rewind(shell: SandboxShell) -> None:
     shell.push(blank, interactive=False)  # as a new shell has them
     shell.execution_count = 1
     shell.forget()
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):  # `%tb` shows none
+        if hasattr(sys, name):
+            delattr(sys, name)
 
 
 def new_shell(main: Any) -> SandboxShell:

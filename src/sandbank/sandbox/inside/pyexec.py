@@ -64,8 +64,13 @@ class PythonRunner:
         It echoes a value: the formatters' pages are then copied before a lease, not during a
         first call (bench/fork.py, a burst of 40 first calls: p50 ~70 ms with "None" here, ~35 ms
         with "1", ~20 ms before IPython).
+
+        Then one that fails: IPython's traceback formatting costs its first use ~0.6 s under
+        gVisor (imports, source reads), which a timed-out call's interrupt then did not have
+        (the worker was killed, and the state lost, for want of time to report the interrupt).
         """
         self.run("1")
+        self.run("1 / 0")
         rewind(self.shell)
 
     def run(self, code: str) -> int:
