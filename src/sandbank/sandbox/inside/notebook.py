@@ -149,6 +149,9 @@ class SandboxShell(InteractiveShell):  # type: ignore[misc]
     # In a notebook call (contexts.py): where the last value and an exception go, not text.
     on_echo: Callable[[dict[str, Any]], None] | None = None
     on_error: Callable[[str, str, str], None] | None = None
+    # Whether a failing cell has run (then been rewound): the first traceback's formatting costs
+    # ~0.1 s natively and ~0.6 s under gVisor, too long for a timed-out call's interrupt.
+    errors_warm = False
 
     def init_ipython_dir(self, ipython_dir: str | None) -> None:
         pass  # no ~/.ipython: the workspace is the user's, and no profile is read
@@ -303,7 +306,10 @@ def session_shell() -> SandboxShell:
 # Walked by the fork template: what these first reach (formatters' and the history's lazy
 # state, a table's HTML) is then made once, in pages every sandbox shares; left for each
 # sandbox, it costs ~1 MiB of its memory and ~5 ms of its first call (bench/fork.py, runtime.py).
-WALK = ("None", "1", "import pandas as _pd\n_pd.DataFrame({'a': [1]})\n", "_pd.Series([1]).sum()")
+WALK = (
+    "None", "1", "import pandas as _pd\n_pd.DataFrame({'a': [1]})\n", "_pd.Series([1]).sum()",
+    "1 / 0",
+)  # fmt: skip
 
 
 def prepare() -> None:
@@ -314,10 +320,15 @@ def prepare() -> None:
     it was made: no inputs, no results, the count at 1.
     """
     shell = new_shell(types.ModuleType("__main__"))
-    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+    with (
+        open(os.devnull, "w") as null,
+        contextlib.redirect_stdout(null),
+        contextlib.redirect_stderr(null),
+    ):
         for code in WALK:
             shell.run_cell(code, store_history=True)
     shell.user_ns.pop("_pd", None)
+    shell.errors_warm = True
     rewind(shell)
 
 

@@ -65,12 +65,14 @@ class PythonRunner:
         first call (bench/fork.py, a burst of 40 first calls: p50 ~70 ms with "None" here, ~35 ms
         with "1", ~20 ms before IPython).
 
-        Then one that fails: IPython's traceback formatting costs its first use ~0.6 s under
-        gVisor (imports, source reads), which a timed-out call's interrupt then did not have
-        (the worker was killed, and the state lost, for want of time to report the interrupt).
+        Then one that fails, unless the fork template did (`notebook.prepare`): IPython's first
+        traceback costs ~0.1 s natively and ~0.6 s under gVisor (imports, source reads), which a
+        timed-out call's interrupt did not have (the worker was killed, its state lost).
         """
         self.run("1")
-        self.run("1 / 0")
+        if not self.shell.errors_warm:
+            self.run("1 / 0")
+            self.shell.errors_warm = True
         rewind(self.shell)
 
     def run(self, code: str) -> int:
