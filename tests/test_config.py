@@ -42,3 +42,6 @@ def test_isolation_choices_and_tenant_isolation_are_checked_at_start() -> None:
     ):
         with pytest.raises(ValidationError, match=says):
             Settings(isolation="fork", **bad)  # type: ignore[arg-type]
+    # A front offers no sandbox itself: its rule names what its nodes offer.
+    front = Settings(role="front", fleet_token="t" * 32, tenant_isolation="abcdef12=gvisor")
+    assert front.tenant_isolation == "abcdef12=gvisor"

@@ -16,7 +16,7 @@ from .capacity import derived_max_sessions, derived_pool_size, disk_room
 from .egress.policy import NetworkPolicy
 from .egress.resolver import FixedResolver
 from .egress.sealing import parse_keys
-from .errors import ConfigError
+from .errors import ConfigError, Unprocessable
 
 MiB = 1024 * 1024
 PREFIX = "SANDBANK_"
@@ -112,7 +112,7 @@ class Settings(BaseSettings):
         description="Tenants that must use a given isolation: comma-separated "
         "`TENANT=ISOLATION`, TENANT being at least 8 hex digits of the tenant's id (as for "
         "`tenant_max_sessions`). Their sessions get it without asking; a hint of another "
-        "is refused (422).",
+        "is refused (422). In a fleet, set it on the fronts (nodes see no clients' tenants).",
     )
     gvisor_platform: Literal["auto", "systrap", "kvm", "ptrace"] = Field(
         "auto",
@@ -232,7 +232,7 @@ class Settings(BaseSettings):
                 f"{PREFIX}ISOLATION_CHOICES: `fork` and `bwrap` are the same isolation; offer one"
             )
         for prefix, isolation in parse_tenant_isolation(self.tenant_isolation).items():
-            if isolation not in offered:
+            if isolation not in offered and self.role != "front":  # a front's nodes offer them
                 raise ValueError(
                     f"{PREFIX}TENANT_ISOLATION: {prefix}={isolation}, but this server offers "
                     f"{', '.join(offered)} ({PREFIX}ISOLATION, {PREFIX}ISOLATION_CHOICES)"
@@ -782,6 +782,18 @@ def parse_tenant_isolation(text: str) -> dict[str, str]:
         text, ISOLATIONS.__contains__, "TENANT=ISOLATION",
         f"ISOLATION: one of {', '.join(ISOLATIONS)}",
     )  # fmt: skip
+
+
+def forced_isolation(rules: Mapping[str, str], tenant: str, asked: str | None) -> str | None:
+    """The isolation the operator forces on `tenant` (`SANDBANK_TENANT_ISOLATION`), None when
+    no rule names it. `Unprocessable` when the client asked for another one."""
+    forced = next((iso for prefix, iso in rules.items() if tenant.startswith(prefix)), None)
+    if forced is not None and asked is not None and asked != forced:
+        raise Unprocessable(
+            f"isolation {asked!r} is not allowed for this client: its sessions run "
+            f"{forced!r} (SANDBANK_TENANT_ISOLATION); leave it out"
+        )
+    return forced
 
 
 def _per_tenant(

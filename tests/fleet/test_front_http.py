@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import hashlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -231,6 +232,36 @@ def test_a_session_is_placed_on_a_node_that_offers_the_isolation_it_asks_for() -
         assert r.status_code == 422
         assert "'fork', 'gvisor'" in r.json()["detail"], r.text
         assert capacity(urls["fork"])["isolations"] == ["fork"]
+
+
+def test_a_front_applies_the_operators_isolation_rule_for_a_tenant() -> None:
+    """The nodes see no clients' tenants: the front forces a tenant's isolation
+    (`SANDBANK_TENANT_ISOLATION`) on its sessions, and refuses another asked for."""
+    forced = hashlib.sha256(b"token-b").hexdigest()[:8]
+    with contextlib.ExitStack() as stack:
+        urls = {
+            iso: stack.enter_context(fake_node(f"node-{iso}", isolation=iso).serving())
+            for iso in ("fork", "gvisor")
+        }
+        f = fake_front(
+            fleet_nodes=",".join(f"node-{i}={u}" for i, u in urls.items()),
+            exec_tokens="token-a,token-b",
+            tenant_isolation=f"{forced}=gvisor",
+        )
+        c = stack.enter_context(f.running())
+        b = {"Authorization": "Bearer token-b"}
+        for body in ({}, {"isolation": "gvisor"}, {"labels": {"k": "v"}}):
+            r = c.post("/sessions", json=body, headers=b)
+            assert r.status_code == 201, r.text
+            assert (r.json()["isolation"], node_of(r.json()["session_id"])) == (
+                "gvisor",
+                "node-gvisor",
+            )
+        r = c.post("/sessions", json={"isolation": "fork"}, headers=b)
+        assert r.status_code == 422 and "SANDBANK_TENANT_ISOLATION" in r.json()["detail"], r.text
+        a = {"Authorization": "Bearer token-a"}  # no rule: its hint stands
+        r = c.post("/sessions", json={"isolation": "fork"}, headers=a)
+        assert (r.status_code, r.json()["isolation"]) == (201, "fork"), r.text
 
 
 def test_a_client_cannot_name_a_session_through_a_front(client: httpx.Client) -> None:

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..config import Settings
+from ..config import Settings, forced_isolation, parse_tenant_isolation
 from ..errors import (
     AtCapacity,
     ProtocolError,
@@ -78,6 +78,7 @@ class Fleet:
         )
         self.membership = Membership(settings, self.probes)
         self.ids = SessionIds(self.token)
+        self.tenant_isolation = parse_tenant_isolation(settings.tenant_isolation)
         self.rng = random.Random()  # noqa: S311 - spreading load, not a secret
         self.terminating = False
         self.call_timeout = settings.exec_timeout_max + HTTP_SLACK_S
@@ -231,6 +232,11 @@ class Fleet:
         except (ValueError, KeyError, TypeError):
             raise ProtocolError(f"node {member.name} answered an adoption with no id") from None
 
+    def isolation_for(self, tenant: str, asked: str | None) -> str | None:
+        """The isolation a new session of `tenant` must have: the operator's rule for it (the
+        nodes see no clients' tenants, so the front applies it), else the client's hint."""
+        return forced_isolation(self.tenant_isolation, tenant, asked) or asked
+
     async def place(
         self,
         tenant: str,
@@ -374,11 +380,15 @@ class FrontApi:
         body = await read_body(request, CREATE_BODY_MAX)
         headers = self._headers(request)
         headers.pop("content-length", None)
+        asked = _isolation_asked(body)
+        isolation = self.fleet.isolation_for(tenant, asked)
+        if isolation != asked:
+            body = _with_isolation(body, isolation)
 
         def create(member: Member) -> Awaitable[Reply]:
             return self.fleet.send(member, "POST", "/sessions", dict(headers), body)
 
-        reply, handle = await self.fleet.place(tenant, create, isolation=_isolation_asked(body))
+        reply, handle = await self.fleet.place(tenant, create, isolation=isolation)
         if reply.status != 201:
             return _copy(reply)
         return JSONResponse(handle, status_code=201)
@@ -460,6 +470,18 @@ def _copy(r: Reply) -> Response:
     headers = _response_headers(r)
     headers.pop("content-length", None)  # set again from the body
     return Response(r.body, status_code=r.status, headers=headers)
+
+
+def _with_isolation(body: bytes, isolation: str | None) -> bytes:
+    """CreateSession's body with the isolation the operator forces (one the node cannot read
+    is left as it is: the node answers it)."""
+    try:
+        fields = json.loads(body or b"{}")
+    except ValueError:
+        return body
+    if not isinstance(fields, dict):
+        return body
+    return json.dumps({**fields, "isolation": isolation}).encode()
 
 
 def _isolation_asked(body: bytes) -> str | None:

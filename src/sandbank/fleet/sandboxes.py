@@ -93,7 +93,11 @@ class FleetSandboxes:
 
     async def create(self, tenant: str, spec: SessionSpec | None = None) -> SessionInfo:
         spec = spec or SessionSpec()
-        spec = dataclasses.replace(spec, labels={**spec.labels, TENANT_LABEL: tenant})
+        spec = dataclasses.replace(
+            spec,
+            labels={**spec.labels, TENANT_LABEL: tenant},
+            isolation=self.fleet.isolation_for(tenant, spec.isolation),
+        )
         body = json.dumps(codec.encode_create(spec)).encode()
         headers = {"content-type": JSON}
         prefer = None

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from ..config import Settings, parse_tenant_isolation
+from ..config import Settings, forced_isolation, parse_tenant_isolation
 from ..egress.credentials import Credential, CredentialInfo, CredentialSet
 from ..egress.policy import NetworkPolicy
 from ..egress.vault import Vault
@@ -255,18 +255,10 @@ class LocalSandboxes:
         (`SANDBANK_TENANT_ISOLATION`), else the one asked for if offered, else the default.
         `Unprocessable` for a hint the server does not offer or the tenant may not have."""
         offered = list(self.backends)
-        forced = next(
-            (iso for prefix, iso in self.tenant_isolation.items() if tenant.startswith(prefix)),
-            None,
-        )
+        forced = forced_isolation(self.tenant_isolation, tenant, asked)
         if forced is not None:
             if forced not in self.backends:  # a backend handed in stands for one isolation
                 raise Unprocessable(f"isolation {forced!r} is not offered here")
-            if asked is not None and asked != forced:
-                raise Unprocessable(
-                    f"isolation {asked!r} is not allowed for this client: its sessions run "
-                    f"{forced!r} (SANDBANK_TENANT_ISOLATION); leave it out"
-                )
             return forced
         if asked is None:
             return offered[0]
