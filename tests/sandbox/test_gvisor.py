@@ -8,7 +8,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ from sandbank.protocol.sessions import SessionSpec
 from sandbank.sandbox.backends.gvisor import GvisorBackend, probe_platform, runsc_processes
 from sandbank.sandbox.local import LocalSandboxes
 from sandbank.sandbox.sessions import ExecSession
-from tests.support import data_dir, gvisor_missing, settings
+from tests.support import gvisor_missing, settings
 from tests.tiers import needs
 
 pytestmark = pytest.mark.anyio
@@ -47,17 +47,6 @@ out = {
 }
 print(json.dumps([os.uname().release, open('/proc/version').read(), out]))
 """
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def module_data() -> Iterator[Path]:
-    with data_dir() as path:
-        yield path
 
 
 @pytest.fixture(scope="module")

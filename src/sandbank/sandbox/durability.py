@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SnapshotDamaged, StorageFull
+from .host.disk import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +198,7 @@ class SnapshotStore:
                     "the session keeps running"
                 ) from None
             raise
-        _fsync_dir(d)
+        fsync_dir(d)
 
     def load(self, session_id: str) -> Manifest:
         """The session's manifest, checked; `SnapshotDamaged` when it fails its check."""
@@ -272,11 +273,3 @@ def load_key(path: Path) -> bytes:
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32))
     return path.read_bytes().strip()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -279,7 +279,7 @@ def keep(image: Path, mountpoint: Path, dest: Path) -> None:
                 raise
             _run(["cp", "--sparse=always", str(image), str(dest)])
             image.unlink()
-    _fsync_dir(dest.parent)
+    fsync_dir(dest.parent)
 
 
 def frozen_copy(image: Path, mountpoint: Path, dest: Path) -> None:
@@ -301,7 +301,7 @@ def frozen_copy(image: Path, mountpoint: Path, dest: Path) -> None:
             dig_holes(f.fileno())
             os.fsync(f.fileno())
         os.rename(tmp, dest)
-        _fsync_dir(dest.parent)
+        fsync_dir(dest.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -384,7 +384,8 @@ def dig_holes(fd: int) -> None:
         pos = end
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a rename, a new file) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
