@@ -7,9 +7,10 @@ Idle pandas sessions (each holding a 200x50 DataFrame) are leased until each ste
 reached; at each step one more client measures, against the same server: a warm `print(1)`
 (p50, p99), CreateSession + a first numpy call (p50; the session is then ended), `GET /metrics`
 (p50) and `GET /health` (p99, max), and reads the server's longest event-loop stall of the last
-10 s (`sandbank_event_loop_lag_seconds`). Each figure is printed with its ratio to the empty
-server's. `--ceiling` adds a last step at the server's own ceiling (`sandbank_sessions_max`,
-less its warm pool). Every session it leased is ended at the end.
+10 s (`sandbank_event_loop_lag_seconds`) twice: after 10 s idle, and after the measuring; and
+its heap's full collections and frozen objects (heap.py). Each figure is printed with its ratio
+to the empty server's. `--ceiling` adds a last step at the server's own ceiling
+(`sandbank_sessions_max`, less its warm pool). Every session it leased is ended at the end.
 
 The plot is drawn by the runtime image's Python (it has matplotlib; the server's has not).
 """
@@ -29,6 +30,8 @@ import http_protocol  # bench/, beside this script
 HOLD = "import pandas as pd, numpy as np\nframe = pd.DataFrame(np.random.rand(200, 50))"
 NUMPY = "import numpy as np; np.arange(10).sum()"
 WARM, CREATES, SCRAPES, HEALTH = 200, 30, 20, 300
+COUNTS = ("full collections", "frozen objects (k)")  # the server's heap (heap.py), not times
+IDLE = 10.5  # seconds idle before measuring: the server's loop-lag window, and a little
 RUNTIME_PYTHON = Path(__file__).resolve().parents[1] / ".runtime" / "bin" / "python3"
 
 
@@ -76,7 +79,9 @@ class Scale:
 
     def measure(self) -> dict[str, float]:
         time.sleep(self.args.settle)  # the pool refills and the loop quiets
+        time.sleep(IDLE)  # idle: nothing asked of the server for its whole lag window
         self.c.conn.close()  # the server may have closed it while idle: start afresh
+        idle = self.raw("/metrics")  # its loop lag: the longest stall of the idle 10 s
         sid = self.c.create()
         self.c.execute(sid, "print(1)")
         warm = timed(lambda: self.c.execute(sid, "print(1)"), WARM)
@@ -93,7 +98,8 @@ class Scale:
             time.sleep(0.2)  # a lease at a time, as clients come: the pool keeps up
         scrapes = timed(lambda: self.raw("/metrics"), SCRAPES)
         health = timed(lambda: self.raw("/health"), HEALTH)
-        lag = metric(self.raw("/metrics"), "sandbank_event_loop_lag_seconds")
+        text = self.raw("/metrics")
+        lag = metric(text, "sandbank_event_loop_lag_seconds")
         return {
             "warm p50": statistics.median(warm),
             "warm p99": pct(warm, 0.99),
@@ -102,6 +108,9 @@ class Scale:
             "health p99": pct(health, 0.99),
             "health max": max(health),
             "loop lag max (10 s)": (lag or 0.0) * 1000,
+            "loop lag idle (10 s)": (metric(idle, "sandbank_event_loop_lag_seconds") or 0) * 1000,
+            "full collections": metric(text, "sandbank_heap_full_collections") or 0,
+            "frozen objects (k)": (metric(text, "sandbank_heap_frozen_objects") or 0) / 1000,
         }
 
     def ceiling(self) -> int:
@@ -122,7 +131,7 @@ def main() -> None:
     parser.add_argument("--token", default=None)
     parser.add_argument("--steps", default="0,100,300,1000")
     parser.add_argument("--ceiling", action="store_true")
-    parser.add_argument("--settle", type=float, default=5.0)
+    parser.add_argument("--settle", type=float, default=10.0)
     parser.add_argument("--png", default="")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
@@ -139,7 +148,11 @@ def main() -> None:
             print(f"--- {n} idle sessions", flush=True)
             for name, value in curve[n].items():
                 ratio = value / base[name] if base[name] else float("nan")
-                print(f"{name:<22} {value:9.2f} ms   x{ratio:5.2f} of the empty server", flush=True)
+                unit = "  " if name in COUNTS else "ms"
+                print(
+                    f"{name:<22} {value:9.2f} {unit}   x{ratio:5.2f} of the empty server",
+                    flush=True,
+                )
     finally:
         bench.end()
     if args.json:

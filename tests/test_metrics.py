@@ -83,3 +83,10 @@ def test_sandbox_memory_is_reported_with_the_fork_template_apart(server: Server)
             assert run(client, sid, "del held") == 0
         finally:
             client.delete(f"/sessions/{sid}")
+
+
+def test_the_served_heap_is_frozen_and_its_size_reported(server: Server) -> None:
+    """The server froze what start-up made (heap.py): its full collections are counted and the
+    frozen heap (the SDKs, the routes, ~100,000s of objects) is a gauge."""
+    assert sample(server, "sandbank_heap_full_collections") >= 1
+    assert sample(server, "sandbank_heap_frozen_objects") > 50_000

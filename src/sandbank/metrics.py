@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from .agent.model import ChatMessage, Model, ModelReply, TextSink, ToolSpec
 from .errors import AgentError
+from .heap import HeapKeeper
 from .looplag import LoopLag
 from .protocol.calls import (
     RC_KILLED,
@@ -224,6 +225,25 @@ class Metrics:
             "The longest the event loop was late for due work since the server started.",
             registry=self.registry,
         ).set_function(lambda: lag.worst)
+
+    def watch_heap(self, heap: HeapKeeper) -> None:
+        """The server's own heap (heap.py): what is frozen out of the collector's walks."""
+        Gauge(
+            "sandbank_heap_frozen_objects",
+            "Objects kept out of the cycle collector's walks (counted at the last full "
+            "collection, plus those frozen since).",
+            registry=self.registry,
+        ).set_function(lambda: heap.frozen)
+        Gauge(
+            "sandbank_heap_full_collections",
+            "Full collections of the server's heap since it started (when it has doubled).",
+            registry=self.registry,
+        ).set_function(lambda: heap.full_collections)
+        Gauge(
+            "sandbank_heap_full_collection_seconds",
+            "How long the last full collection held the event loop.",
+            registry=self.registry,
+        ).set_function(lambda: heap.last_full_seconds)
 
     def watch_fleet(self, membership: Membership) -> None:
         """A front's view of its nodes' capacity, read from their latest reports when scraped."""

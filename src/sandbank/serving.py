@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import socket
 from types import FrameType
@@ -14,6 +13,7 @@ import uvicorn
 from . import capacity
 from .app import Services, create_app, create_exec_app
 from .config import Settings
+from .heap import HeapKeeper
 from .http.edge import ConnectionBook, protocol_for
 from .startup import listen_socket
 
@@ -89,18 +89,6 @@ def listener_config(
     )
 
 
-def settle_heap() -> None:
-    """Put what start-up made out of the collector's reach (`gc.freeze`).
-
-    The server holds ~175,000 objects once started (the SDKs, the ORM, the routes); a full
-    collection walks them all, ~130 ms during which no request moves, and allocations trigger
-    one now and then: in a burst of new sessions every call waited for it. Frozen, they are
-    never walked again; what is made later is collected as usual.
-    """
-    gc.collect()
-    gc.freeze()
-
-
 def run(settings: Settings, announce: str = "") -> int:
     """Serve until a signal; the code-execution API on its own listener when so configured.
     `announce` is logged once the listeners are bound (the start-up summary)."""
@@ -115,6 +103,8 @@ def run(settings: Settings, announce: str = "") -> int:
     services: Services = app.state.services
     book = connection_book(settings)
     services.metrics.watch_connections(book)
+    heap = HeapKeeper()
+    services.metrics.watch_heap(heap)
     peers: list[uvicorn.Server] = []
     if settings.exec_api == "separate":
         exec_app = create_exec_app(services, settings)
@@ -126,21 +116,25 @@ def run(settings: Settings, announce: str = "") -> int:
     # (MagicStack/uvloop#763), which under load closed other sandboxes' pipes and the fork
     # template's socket, and its subprocesses inherit every inheritable descriptor.
     try:
-        asyncio.run(_serve(main, peers, sockets))
+        asyncio.run(_serve(main, peers, sockets, heap))
     except SystemExit:  # uvicorn's own exit at a failed start, after logging why
         return 1
     return 0 if main.started else 1
 
 
 async def _serve(
-    main: MainServer, peers: list[uvicorn.Server], sockets: list[socket.socket]
+    main: MainServer, peers: list[uvicorn.Server], sockets: list[socket.socket], heap: HeapKeeper
 ) -> None:
     task = asyncio.create_task(main.serve(sockets=sockets[:1]))
     # Peers share the main app's services: they listen once its lifespan has started them.
     while not main.started and not task.done():  # noqa: ASYNC110 - uvicorn has no event
         await asyncio.sleep(0.05)
+    keeper = None
     if main.started:
-        settle_heap()
+        # What start-up made (~175,000 objects: the SDKs, the ORM, the routes) is frozen, and
+        # what lives later as it settles (heap.py): no collection walks them all per request.
+        heap.settle()
+        keeper = asyncio.create_task(heap.run(), name="heap")
     peer_tasks = [
         asyncio.create_task(p._serve(sockets=[sock]))
         for p, sock in zip(peers, sockets[1:], strict=True)
@@ -152,3 +146,5 @@ async def _serve(
         for peer in peers:
             peer.should_exit = True
         await asyncio.gather(*peer_tasks, return_exceptions=True)
+        if keeper is not None:
+            keeper.cancel()

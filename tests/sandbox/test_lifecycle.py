@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,31 @@ async def test_destroy_kills_every_process_and_removes_every_resource(
     assert not sh.session.sandbox.workspace.exists()
     with pytest.raises(SessionNotFound):
         runtime.session(sh.session.id, "tests")
+
+
+async def test_an_ended_session_is_freed_without_the_cycle_collector(
+    runtime: LocalSandboxes,
+) -> None:
+    """The server freezes what lives as it settles (heap.py), so garbage in reference cycles
+    waits for a rare full collection: an ended session (its sandbox, its worker, the readers
+    that saw its pipes close, a traceback it showed) must be freed by reference counts alone."""
+    gc.collect()
+    gc.disable()
+    try:
+        sh = Shell(runtime, await runtime.create("tests"))
+        assert (await sh.py("1/0")).return_code == 1
+        sandbox = sh.session.sandbox
+        parts = [weakref.ref(sandbox)]
+        worker = getattr(sandbox, "_worker", None)
+        if worker is not None:
+            parts.append(weakref.ref(worker))
+        await runtime.destroy(sh.session.id, "tests")
+        await runtime.drain()
+        del sh, sandbox, worker
+        await asyncio.sleep(0)
+        assert [part() for part in parts] == [None] * len(parts)
+    finally:
+        gc.enable()
 
 
 async def test_fifty_create_destroy_cycles_leave_exactly_nothing_behind(machine: None) -> None:

@@ -113,7 +113,7 @@ class WorkerProcess:
         item = await self._replies.get()
         if isinstance(item, WorkerGone):
             self._replies.put_nowait(item)  # and so for every later call
-            raise item
+            raise _fresh(item)
         return item
 
     def demux(self, on_background: Callable[[dict[str, Any] | None], None]) -> None:
@@ -140,7 +140,7 @@ class WorkerProcess:
                 else:
                     replies.put_nowait(msg)
         except WorkerGone as e:
-            replies.put_nowait(e)
+            replies.put_nowait(_fresh(e))
         except asyncio.CancelledError:
             replies.put_nowait(WorkerGone())
         finally:
@@ -179,6 +179,13 @@ class WorkerProcess:
         if self._interrupts >= 0:
             os.close(self._interrupts)
             self._interrupts = -1
+
+
+def _fresh(gone: WorkerGone) -> WorkerGone:
+    """The same news without a traceback: one kept in the queue (or raised again from it) would
+    hold the frames that hold the worker that holds the queue, a cycle only a full collection
+    frees, and the server's heap is frozen as it settles (heap.py)."""
+    return type(gone)(*gone.args)
 
 
 async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
