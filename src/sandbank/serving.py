@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 from types import FrameType
 from typing import Literal
 
@@ -18,6 +19,8 @@ from .http.edge import ConnectionBook, protocol_for
 from .startup import listen_socket
 
 log = logging.getLogger("sandbank")
+
+GIL_SWITCH_SECONDS = 0.001
 
 
 class MainServer(uvicorn.Server):
@@ -97,6 +100,10 @@ def run(settings: Settings, announce: str = "") -> int:
     sockets = [listen_socket(settings.host, settings.port)]
     if settings.exec_api == "separate":
         sockets.append(listen_socket(settings.exec_api_host, settings.exec_api_port))
+    # Work handed to threads (sweeps, file reads, store calls) is Python too: a thread keeps the
+    # GIL until the interpreter asks it to switch, 5 ms by default, and every such slice was a
+    # stall of the event loop (the loop lag read ~5.3 ms at 1,000 sessions, the sweep's slice).
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
     if announce:
         log.info("%s", announce)
     app = create_app(settings)
