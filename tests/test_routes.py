@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,3 +91,29 @@ def test_every_interpreter_operation_that_needs_a_key_declares_the_bearer_scheme
             security = operation.get("security", doc["security"])
             expected: list[dict[str, list[str]]] = [] if path in PUBLIC else [{"bearerAuth": []}]
             assert security == expected, (path, method)
+
+
+def _resolved(doc: dict[str, Any], parameter: dict[str, Any]) -> dict[str, Any]:
+    """A parameter, its `$ref` followed."""
+    if "$ref" not in parameter:
+        return parameter
+    node: Any = doc
+    for part in parameter["$ref"].removeprefix("#/").split("/"):
+        node = node[part]
+    return dict(node)
+
+
+@pytest.mark.parametrize("which", ["exec", "interpreter"])
+def test_every_path_parameter_is_declared(which: str) -> None:
+    """A client generated from a document (and a fuzzer: schemathesis skips such operations
+    as schema errors) needs each `{name}` of a path declared, on the path or the operation."""
+    doc = (exec_openapi if which == "exec" else interpreter_openapi).document()
+    undeclared = []
+    for path, item in doc["paths"].items():
+        wanted = set(re.findall(r"{(\w+)}", path))
+        shared = {_resolved(doc, p)["name"] for p in item.get("parameters", [])}
+        for method, operation in item.items():
+            if method in ("get", "post", "put", "patch", "delete"):
+                own = {_resolved(doc, p)["name"] for p in operation.get("parameters", [])}
+                undeclared += [(method, path, n) for n in sorted(wanted - shared - own)]
+    assert undeclared == []
