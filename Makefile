@@ -76,7 +76,7 @@ test: install-dev lint typecheck
 
 # The fast tier: no root, no sandbox, no server (tests/tiers.py says which tests are which).
 test-fast: install-dev
-	$(VENV)/bin/pytest -q -m "not root and not postgres and not s3 and not chromium"
+	$(VENV)/bin/pytest -q -n 2 -m "not root and not postgres and not s3 and not chromium"
 
 tiers: install-dev
 	$(VENV)/bin/python scripts/test_tiers.py

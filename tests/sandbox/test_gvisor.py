@@ -133,6 +133,7 @@ async def test_a_closed_server_leaves_no_runsc_process_container_mount_or_cgroup
     assert all(not v for v in other.leftovers().values()), other.leftovers()
 
 
+@pytest.mark.root  # it runs runsc: root, and five seconds of the fast tier
 def test_the_platform_probe_picks_one_that_runs_and_leaves_nothing() -> None:
     before = {p for p in os.listdir("/tmp") if p.startswith("runsc-do")}
     assert probe_platform() in ("systrap", "kvm", "ptrace")
