@@ -138,7 +138,7 @@ async def _serve(
         await asyncio.sleep(0.05)
     keeper = None
     if main.started:
-        # What start-up made (~175,000 objects: the SDKs, the ORM, the routes) is frozen, and
+        # What start-up made (~285,000 objects: the SDKs, the ORM, the routes) is frozen, and
         # what lives later as it settles (heap.py): no collection walks them all per request.
         heap.settle()
         keeper = asyncio.create_task(heap.run(), name="heap")
