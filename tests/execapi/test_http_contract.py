@@ -498,3 +498,16 @@ def test_an_isolation_hint_is_kept_with_the_session_and_one_not_offered_is_a_422
         assert r.status_code == 422, r.text
         detail = contract.check(r, "Error")["detail"]
         assert "isolation" in detail and ("'fork'" in detail or "gvisor" in detail), detail
+
+
+def test_a_watch_is_refused_at_once_in_the_error_shape(
+    client: httpx.Client, contract: Contract, session_id: str
+) -> None:
+    """The fuzz test leaves this stream out (an accepted watch lasts as long as its client):
+    its refusals are answered here, at once, before any stream begins."""
+    gone = client.get("/sessions/no-such-session/watch", params={"path": "."})
+    assert gone.status_code == 404
+    contract.check(gone, "Error")
+    unnamed = client.get(f"/sessions/{session_id}/watch")
+    assert unnamed.status_code == 400
+    assert "path" in contract.check(unnamed, "Error")["detail"]
