@@ -28,6 +28,7 @@ from .e2b.door import E2bDoor, E2bRouting
 from .errors import ModelEndpointRefused, ModelNotConfigured, SandbankError
 from .execapi import openapi
 from .execapi.admin import sessions_endpoint
+from .execapi.beside import BesideApi
 from .execapi.routes import ExecApi
 from .files import ObjectStore, open_object_store
 from .files.signing import load_signing_key
@@ -38,6 +39,7 @@ from .http.access import AccessMiddleware
 from .http.auth import TokenAuth, load_tokens
 from .http.errors import EXCEPTION_HANDLERS
 from .http.hosts import HostAllowList
+from .http.routing import grouped_routes
 from .http.scrape import endpoint
 from .interpreter.files import SessionFiles
 from .interpreter.identity import Identity
@@ -331,7 +333,7 @@ def create_app(
         api_routes = services.interpreter.api.routes()
         routes.append(Mount("/api", routes=api_routes, middleware=_cors(settings)))
     if settings.exec_api == "on":
-        routes += services.exec_api.routes()
+        routes += exec_routes(services)
         routes.append(Route("/openapi.json", _openapi, methods=["GET"]))
         if services.mcp is not None:
             routes.append(services.mcp.route())
@@ -389,11 +391,23 @@ def create_app(
     return app
 
 
+def exec_routes(services: Services) -> list[BaseRoute]:
+    """The code-execution API's routes. A front serves its additions too (contexts, processes,
+    the tree, watches, lifetimes...) over the fleet's port, as E2B's door and MCP do there; its
+    own routes come first (it forwards pause and resume to the node as they are)."""
+    routes: list[BaseRoute] = [*services.exec_api.routes()]
+    if isinstance(services.exec_api, FrontApi):
+        served = {(r.path, m) for r in routes if isinstance(r, Route) for m in r.methods or ()}
+        table = BesideApi(services.sandboxes, services.auth).table()
+        routes += grouped_routes([row for row in table if (row[0], row[1]) not in served])
+    return routes
+
+
 def create_exec_app(services: Services, settings: Settings) -> Starlette:
     """The code-execution API alone, for a listener of its own over the main app's services
     (whose lifespan runs them, MCP's transport included; E2B's API beside it)."""
     routes: list[BaseRoute] = [
-        *services.exec_api.routes(),
+        *exec_routes(services),
         Route("/openapi.json", _openapi, methods=["GET"]),
         Route(
             "/metrics",

@@ -509,5 +509,16 @@ def test_a_watch_is_refused_at_once_in_the_error_shape(
     assert gone.status_code == 404
     contract.check(gone, "Error")
     unnamed = client.get(f"/sessions/{session_id}/watch")
-    assert unnamed.status_code == 400
+    assert unnamed.status_code == 400, unnamed.text
     assert "path" in contract.check(unnamed, "Error")["detail"]
+
+
+def test_a_session_s_handle_answers_through_every_door(
+    client: httpx.Client, session_id: str
+) -> None:
+    """GetSession (an addition): on a server, and through a fleet front (which serves the
+    additions over the fleet's port), by the id the door gave."""
+    got = client.get(f"/sessions/{session_id}")
+    assert got.status_code == 200, got.text
+    assert got.json()["session_id"] == session_id
+    assert client.get(f"/sessions/{session_id}x").status_code == 404
