@@ -22,7 +22,7 @@ ST = str(Path(sys.executable).with_name("st"))
 
 # Streams that last as long as the client stays (a watch answers 200 and follows changes until
 # the client leaves): each example of one held the run for schemathesis's whole request timeout
-# (12 of them, 2 of the test's 2.3 minutes). Their refusals are tested with their routes.
+# (12 of them, 2 of the test's 2.3 minutes). Their refusals: tests/execapi/test_http_contract.py.
 STREAMS = ("WatchDir",)
 
 
