@@ -120,7 +120,7 @@ class Bench:
             for _ in range(self.args.sessions):
                 s = await rt.create(TENANT)
                 await call(rt, s.id, PANDAS)
-                sessions.append(s)
+                sessions.append(rt.session(s.id, TENANT))
             await asyncio.sleep(2.0)  # let page cache and frees settle
             drop = (before - mem_available()) / len(sessions) / 2**20
             pss = [cgroup_pss(s) / 2**20 for s in sessions]
@@ -149,7 +149,7 @@ class Bench:
         await rt.start()
         try:
             await rt.pool.wait_full(timeout=600)
-            sessions = [await rt.create(TENANT) for _ in range(n)]
+            sessions = [rt.session((await rt.create(TENANT)).id, TENANT) for _ in range(n)]
             for s in sessions:
                 await call(rt, s.id, PANDAS)
             await asyncio.sleep(2.0)

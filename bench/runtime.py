@@ -94,7 +94,7 @@ async def main(args: argparse.Namespace) -> None:
                 warms.append(await call(rt, s.id, "print(1)"))
             for _ in range(5):
                 ttfb.append(await first_event(rt, s.id))
-            cgroup = cgroup_of(s.sandbox)
+            cgroup = cgroup_of(rt.session(s.id, TENANT).sandbox)
             if cgroup is not None:
                 pss.append(pss_mib(cgroup))
             await rt.destroy(s.id, TENANT)

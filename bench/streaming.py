@@ -6,8 +6,8 @@ Over HTTP (a running server speaking the code-execution protocol): the time to t
 and to the first stdout event of a streamed Execute that prints a line then sleeps, and a warm
 `print(1)` plain and streamed. In the runtime's Python (the worker's own code, no sandbox): what
 the notebook machinery (IPython's shell, display bundles, figures) adds to a warm `print(1)`
-cell, against the same cell as a bare `exec`, and what a call's output capture (two markers per
-pipe, written and found by the drain threads) costs.
+cell, against the same cell as a bare `exec`, and what a call's output capture costs (its
+begin and end: what the pipes behind fds 1 and 2 hold is taken under their locks).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def in_process(rounds: int) -> None:
     from sandbank.sandbox.inside.capture import Capture
 
     saved = os.dup(1), os.dup(2)  # fds 1 and 2 are the capture's pipes meanwhile
-    runner = pyexec.PythonRunner(notebook.session_shell(), os.getpid())
+    runner = pyexec.PythonRunner(notebook.session_shell(), forked=lambda: False)
     namespace: dict[str, object] = {}
     results: dict[str, list[float]] = {}
     try:
@@ -119,11 +119,12 @@ def in_process(rounds: int) -> None:
                     timed(lambda: runner.run("1"), rounds)
                 )
         Capture(1 << 20)  # the drain threads start once
-        results["capture (markers in, found)"] = timed(
+        results["capture (a call's begin and end)"] = timed(
             lambda: Capture(1 << 20).__enter__().__exit__(), rounds
         )
     finally:
         sys.stdout.flush()
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__  # the capture's, meanwhile
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
     for name, samples in results.items():

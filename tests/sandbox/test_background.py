@@ -89,6 +89,22 @@ async def test_a_background_process_is_listed_signalled_and_outlives_its_listene
         await runtime.signal_process(session.id, T, started.pid, "KILL")
 
 
+async def test_a_session_that_ran_processes_pauses_and_ends_cleanly(
+    runtime: LocalSandboxes, session: ExecSession
+) -> None:
+    # The process was asked for on the worker's interrupt channel; the pause closes that
+    # channel after the worker is gone, which must not fail the pause.
+    assert isinstance((await run(runtime, session, bash("echo hi")))[-1], Exited)
+    try:
+        paused = await runtime.pause(session.id, T)
+    except Conflict:
+        pytest.skip(f"{runtime.backend.name} does not pause")
+    assert paused.state == "paused"
+    r = await runtime.execute(session.id, T, PythonCall("print(2)"), 30)
+    assert (r.stdout, r.return_code) == ("2\n", 0)
+    assert isinstance((await run(runtime, session, bash("echo again")))[-1], Exited)
+
+
 async def test_stdin_and_its_end(runtime: LocalSandboxes, session: ExecSession) -> None:
     events = runtime.start_process(session.id, T, bash("cat; echo done", stdin=True))
     started = await anext(events)

@@ -36,6 +36,33 @@ def test_a_frame_over_its_cap_is_a_violation() -> None:
         protocol.check_size(protocol.MAX_REPLY + 1, protocol.MAX_REPLY)
 
 
+def test_frames_are_read_whole_however_the_reads_split_them() -> None:
+    frames = [{"op": "python", "code": "x" * n} for n in (0, 10, 70_000)]
+    stream = b"".join(protocol.encode(f) for f in frames)
+    for step in (1, 3, 4, 5, 65536, len(stream)):
+        chunks = [stream[i : i + step] for i in range(0, len(stream), step)]
+        asked: list[int] = []
+
+        def read(n: int, chunks: list[bytes] = chunks, asked: list[int] = asked) -> bytes:
+            asked.append(n)
+            return chunks.pop(0) if chunks else b""
+
+        buf = bytearray()
+        assert [protocol.next_frame(buf, read, 1 << 20) for _ in frames] == frames
+        assert not buf and min(asked) >= 65536  # reads ahead, never byte by byte
+        with pytest.raises(EOFError):
+            protocol.next_frame(buf, read, 1 << 20)
+
+
+def test_a_frame_cut_short_or_over_the_cap_is_refused() -> None:
+    frame = protocol.encode({"op": "ping"})
+    parts = [frame[:-1]]
+    with pytest.raises(EOFError):
+        protocol.next_frame(bytearray(), lambda n: parts.pop() if parts else b"", 1 << 20)
+    with pytest.raises(protocol.ProtocolViolation, match="over the cap"):
+        protocol.next_frame(bytearray(frame), lambda n: b"", len(frame) - 5)
+
+
 def test_a_result_lists_at_most_the_cap_of_files_and_counts_the_rest() -> None:
     files = [f"f{i}" for i in range(protocol.MAX_FILES + 3)] + ["x" * (protocol.MAX_PATH_CHARS + 1)]
     reply = protocol.result(files=files)

@@ -53,6 +53,36 @@ async def test_output_of_subprocesses_and_c_level_writes_is_captured(sb: Shell) 
     assert "sys-err" in r.stderr and "to-stderr" in r.stderr
 
 
+async def test_python_s_own_output_and_its_children_s_keep_their_order(sb: Shell) -> None:
+    # Python's prints join the call's output directly, the children's come through the pipe:
+    # each print first takes what the pipe holds, so neither overtakes the other.
+    r = await sb.py(
+        "import os, subprocess, sys\n"
+        "for i in range(3):\n"
+        "    print(f'py{i}', flush=True)\n"
+        "    os.system(f'echo sh{i}')\n"
+        "    os.write(1, f'fd{i}\\n'.encode())\n"
+        "print('err-py', file=sys.stderr, flush=True)\n"
+        "subprocess.run(['sh', '-c', 'echo err-sh >&2'])\n"
+        "print('last')"
+    )
+    assert r.stdout == "".join(f"py{i}\nsh{i}\nfd{i}\n" for i in range(3)) + "last\n"
+    assert r.stderr == "err-py\nerr-sh\n"
+
+
+async def test_a_fork_of_user_code_prints_into_the_call(sb: Shell) -> None:
+    r = await sb.py(
+        "import os\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    print('from-child', flush=True)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "print('from-parent')"
+    )
+    assert r.stdout == "from-child\nfrom-parent\n", r.stderr
+
+
 async def test_output_written_between_calls_is_never_given_to_a_later_call(sb: Shell) -> None:
     # A thread and a child process write after their call returned; the next call (which the
     # sandbox may start without a marker when its pipes are empty) shows only its own output.
@@ -157,6 +187,23 @@ async def test_code_that_closes_or_redirects_its_stdout_does_not_break_the_sessi
     assert r.return_code == 0
     r = await sb.py("import sys\nprint('back')\nprint('err', file=sys.stderr)")
     assert (r.stdout, r.stderr) == ("back\n", "err\n")
+    # ...and the fds are the session's pipes again, for its children too.
+    r = await sb.py("import os\n_ = os.system('echo child; echo child-err >&2')")
+    assert (r.stdout, r.stderr) == ("child\n", "child-err\n")
+
+
+async def test_a_stream_held_since_before_its_fd_was_renewed_still_writes_into_calls(
+    sb: Shell,
+) -> None:
+    r = await sb.py(
+        "import logging, os, sys\n"
+        "log = logging.getLogger('held'); log.propagate = False\n"
+        "log.addHandler(logging.StreamHandler(sys.stderr))\n"
+        "os.close(2)"
+    )
+    assert r.return_code == 0
+    r = await sb.py("log.warning('still here')\n_ = os.system('echo child-err >&2')")
+    assert r.stderr == "still here\nchild-err\n"
 
 
 async def test_the_runtime_image_has_the_data_stack(machine: None) -> None:

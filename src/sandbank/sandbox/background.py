@@ -45,9 +45,9 @@ GONE = "the sandbox's interpreter was restarted or the session ended; its proces
 
 
 class Worker(Protocol):
-    """What is asked of a worker here: sending it a frame."""
+    """What is asked of a worker here: sending it a service request."""
 
-    async def send(self, msg: dict[str, Any]) -> None: ...
+    async def send_service(self, msg: dict[str, Any]) -> None: ...
 
 
 class Behind(SandboxError):
@@ -188,7 +188,7 @@ class Background:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = (future, started)
         try:
-            await self.worker.send({protocol.SERVICE: op, "rid": rid, **fields})
+            await self.worker.send_service({protocol.SERVICE: op, "rid": rid, **fields})
             async with asyncio.timeout(REQUEST_TIMEOUT):
                 reply = await future
         except TimeoutError:

@@ -35,6 +35,8 @@ class WorkerProcess:
     # Once demultiplexed (`demux`): a reader takes every frame, the services' apart.
     _replies: asyncio.Queue[dict[str, Any] | WorkerGone] | None = None
     _splitter: asyncio.Task[None] | None = None
+    # The interrupt channel as a stream, once a service request was sent on it (`send_service`).
+    _control: asyncio.StreamWriter | None = None
 
     def __init__(self, proc: asyncio.subprocess.Process, interrupts: int) -> None:
         self.proc = proc
@@ -80,8 +82,39 @@ class WorkerProcess:
 
     def interrupt(self, hard: bool = False) -> None:
         """SIGINT the running call (hard: SIGKILL its processes); the worker acts at once."""
+        byte = protocol.CONTROL_KILL if hard else protocol.CONTROL_INTERRUPT
+        if self._control is not None:  # after a service request's frame, never inside one
+            if not self._control.is_closing():
+                self._control.write(byte)
+            return
         with contextlib.suppress(OSError):
-            os.write(self._interrupts, b"k" if hard else b"i")
+            os.write(self._interrupts, byte)
+
+    async def send_service(self, msg: dict[str, Any]) -> None:
+        """A service request (processes, watches), on the interrupt channel: the worker's main
+        thread reads only calls, and the channel's thread serves these beside a running one."""
+        if self._control is None:
+            if self._interrupts < 0:
+                raise WorkerGone
+            transport, proto = await asyncio.get_running_loop().connect_write_pipe(
+                asyncio.streams.FlowControlMixin,
+                os.fdopen(os.dup(self._interrupts), "wb", buffering=0),
+            )
+            self._control = asyncio.StreamWriter(transport, proto, None, asyncio.get_running_loop())
+        try:
+            self._control.write(protocol.CONTROL_SERVICE + protocol.encode(msg))
+            await self._control.drain()
+        except (BrokenPipeError, ConnectionResetError, RuntimeError) as e:
+            raise WorkerGone from e
+
+    def _close_interrupts(self) -> None:
+        if self._control is not None:
+            if not self._control.transport.is_closing():  # closed already when the worker went
+                self._control.transport.abort()
+            self._control = None
+        if self._interrupts >= 0:
+            os.close(self._interrupts)
+            self._interrupts = -1
 
     @property
     def pid(self) -> int:
@@ -176,9 +209,7 @@ class WorkerProcess:
         if self.proc.stdin is not None:
             with contextlib.suppress(Exception):
                 self.proc.stdin.close()
-        if self._interrupts >= 0:
-            os.close(self._interrupts)
-            self._interrupts = -1
+        self._close_interrupts()
 
 
 def _fresh(gone: WorkerGone) -> WorkerGone:

@@ -158,9 +158,7 @@ class ForkedWorker(WorkerProcess):
             with contextlib.suppress(BaseException):
                 await task
         self._writer.close()
-        if self._interrupts >= 0:
-            os.close(self._interrupts)
-            self._interrupts = -1
+        self._close_interrupts()
         if self._pidfd >= 0:
             os.close(self._pidfd)
             self._pidfd = -1

@@ -24,12 +24,14 @@ show_figure: Callable[[Any], None] | None = None
 class Contexts:
     """The main runner and one per context id, made on first use."""
 
-    def __init__(self, main: PythonRunner, owner_pid: int, workspace: str) -> None:
+    def __init__(self, main: PythonRunner, workspace: str) -> None:
         self.main = main
-        self.owner_pid = owner_pid
         self.workspace = workspace
         self.runners: dict[str, PythonRunner] = {}
         self.cwds: dict[str | None, str] = {}
+        # The context the process's working directory belongs to now (its directory is asked
+        # for only when another context is entered: no getcwd, no chdir on a call's path).
+        self.current: str | None = None
 
     def _runner(self, context: str | None) -> PythonRunner:
         if context is None:
@@ -37,7 +39,7 @@ class Contexts:
         runner = self.runners.get(context)
         if runner is None:
             runner = self.runners[context] = PythonRunner(
-                self.main.shell, self.owner_pid, types.ModuleType("__main__")
+                self.main.shell, self.main.forked, types.ModuleType("__main__")
             )
         return runner
 
@@ -48,10 +50,7 @@ class Contexts:
         context = msg.get(p.CONTEXT)
         context = str(context) if context is not None else None
         runner = self._runner(context)
-        cwd = self.cwds.get(context) or str(msg.get(p.CWD) or self.workspace)
-        with contextlib.suppress(OSError):
-            if os.getcwd() != cwd:
-                os.chdir(cwd)
+        self._enter_directory(context, msg)
         envs = {str(k): str(v) for k, v in (msg.get(p.ENVS) or {}).items()}
         saved = {k: os.environ.get(k) for k in envs}
         os.environ.update(envs)
@@ -64,13 +63,25 @@ class Contexts:
         finally:
             show_figure = None
             runner.notebook = False
-            with contextlib.suppress(OSError):
-                self.cwds[context] = os.getcwd()
             for key, value in saved.items():
                 if value is None:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
+
+    def _enter_directory(self, context: str | None, msg: dict[str, Any]) -> None:
+        """Into the context's directory: where its last call left it, or on its first use the
+        call's `cwd` (else the workspace). The context left keeps the directory it was in."""
+        if context == self.current and context in self.cwds:
+            return  # the same context as the last call: the process is where it left it
+        if self.current in self.cwds:
+            with contextlib.suppress(OSError):
+                self.cwds[self.current] = os.getcwd()
+        cwd = self.cwds.get(context) or str(msg.get(p.CWD) or self.workspace)
+        with contextlib.suppress(OSError):
+            os.chdir(cwd)
+        self.cwds[context] = cwd
+        self.current = context
 
     def drop(self, context: str) -> None:
         self.runners.pop(context, None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from typing import Any
 
 HEADER = struct.Struct(">I")
@@ -55,6 +56,11 @@ OP_DROP_CONTEXT = "drop_context"  # context: forget that namespace
 MAIN = "main"  # the last expression's display bundle
 ERROR = "error"  # {"name", "value", "traceback"} of the exception that ended the call
 
+# The interrupt channel (server to worker, read beside a running call) carries single bytes: an
+# interrupt (SIGINT the call), a hard one (SIGKILL its processes), or a service request, which a
+# frame follows.
+CONTROL_INTERRUPT, CONTROL_KILL, CONTROL_SERVICE = b"i", b"k", b"s"
+
 # Services beside calls (`services.py`): background processes and directory watches. They are
 # served while a call runs, so their frames are tagged apart from a call's:
 SERVICE = "svc"  # a request {"svc": op, "rid": n, ...}, answered {"bg": "reply", "rid": n, ...}
@@ -89,6 +95,27 @@ def decode(body: bytes) -> dict[str, Any]:
     if not isinstance(msg, dict):
         raise ProtocolViolation("not a JSON object")
     return msg
+
+
+def next_frame(buf: bytearray, read: Callable[[int], bytes], cap: int) -> dict[str, Any]:
+    """The next frame of a stream: from `buf` (what was read past the last frame, consumed
+    here) and `read(n)`, which reads ahead as much as it is given; EOFError at the end."""
+    while True:
+        if len(buf) >= HEADER.size:
+            (size,) = HEADER.unpack_from(buf)
+            check_size(size, cap)
+            end = HEADER.size + size
+            if len(buf) >= end:
+                body = bytes(buf[HEADER.size : end])
+                del buf[:end]
+                return decode(body)
+            want = min(max(65536, end - len(buf)), 1 << 20)
+        else:
+            want = 65536
+        chunk = read(want)
+        if not chunk:
+            raise EOFError
+        buf += chunk
 
 
 def check_size(size: int, cap: int) -> None:

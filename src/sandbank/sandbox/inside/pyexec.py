@@ -29,10 +29,13 @@ class PythonRunner:
     """
 
     def __init__(
-        self, shell: SandboxShell, owner_pid: int, module: types.ModuleType | None = None
+        self,
+        shell: SandboxShell,
+        forked: Callable[[], bool],
+        module: types.ModuleType | None = None,
     ) -> None:
         self.shell = shell
-        self.owner_pid = owner_pid
+        self.forked = forked  # true in a fork of user code (os.fork) that came back here
         self.publisher: Publisher = shell.display_pub
         # Its namespace: the shell's own (the session's main one), or a context's.
         self.module = module
@@ -78,7 +81,7 @@ class PythonRunner:
     def run(self, code: str) -> int:
         self.publisher.begin()
         status = self._run(code)
-        if os.getpid() != self.owner_pid:
+        if self.forked():
             # A fork of user code (os.fork) came back here: it ends, and never answers a call.
             with contextlib.suppress(Exception):
                 sys.stdout.flush()

@@ -1,9 +1,9 @@
-"""Services beside calls: one reader of the channel, serving processes and watches at once.
+"""Services beside calls: background processes and directory watches.
 
-The worker's main thread runs one call at a time; a call may run for minutes. A reader thread
-takes every frame off the channel: a call goes to the main thread (in order), a service
-request (`{"svc": ...}`) is served here and answered `{"bg": "reply", "rid": ...}` at once, so
-a process can be started, fed or killed while a cell runs.
+The worker's main thread runs one call at a time; a call may run for minutes. Service requests
+(`{"svc": ...}`) come on the interrupt channel instead, whose thread serves them here and
+answers `{"bg": "reply", "rid": ...}` on the reply pipe at once, so a process can be started,
+fed or killed while a cell runs.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-import queue
-import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -24,43 +22,18 @@ WORKSPACE = os.environ.get("SANDBANK_WORKSPACE", "/workspace")
 
 
 class Channel(Protocol):
-    def recv(self) -> dict[str, Any]: ...
     def send(self, msg: dict[str, Any]) -> None: ...
 
 
 class Services:
-    """The reader thread and what it serves."""
+    """What the interrupt channel's thread serves."""
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.processes = Processes(channel.send)
         self.watches = Watches(channel.send)
-        self._calls: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
 
-    def split(self) -> Callable[[], dict[str, Any]]:
-        """Start reading; the returned function gives the next call (EOFError at the end)."""
-        threading.Thread(target=self._read, daemon=True).start()
-        return self._next_call
-
-    def _next_call(self) -> dict[str, Any]:
-        msg = self._calls.get()
-        if msg is None:
-            raise EOFError
-        return msg
-
-    def _read(self) -> None:
-        while True:
-            try:
-                msg = self.channel.recv()
-            except (EOFError, OSError, p.ProtocolViolation):
-                self._calls.put(None)
-                return
-            if p.SERVICE in msg:
-                self._serve(msg)
-            else:
-                self._calls.put(msg)
-
-    def _serve(self, msg: dict[str, Any]) -> None:
+    def serve(self, msg: dict[str, Any]) -> None:
         rid = msg.get("rid")
 
         def reply(body: dict[str, Any]) -> None:

@@ -81,7 +81,7 @@ class Shell:
         script = os.path.join(self.dir, "cmd")
         with open(script, "w", encoding="utf-8", errors="surrogateescape") as f:
             f.write(command if command.endswith("\n") else command + "\n")
-        markers = new_markers(nul=False)
+        markers = new_markers()
         self.out.begin(markers, limit, live[0] if live else None)
         self.err.begin(markers, limit, live[1] if live else None)
         start, end = (m.decode() for m in markers)

@@ -33,10 +33,16 @@ WORKSPACE = os.environ.get("SANDBANK_WORKSPACE", "/workspace")
 
 
 class Channel:
-    """The control pipes, off fds 0 and 1; only the worker process itself ever uses them."""
+    """The call pipes, off fds 0 and 1; only the worker process itself ever uses them.
+
+    The main thread reads the calls itself (no reader thread hands them over: a warm call's
+    system calls are few, which gVisor charges ~75 us each); requests beside a running call
+    (services) come on the interrupt channel (`Worker.watch_interrupts`).
+    """
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
+        self.forked = False  # in a fork of user code, which must never speak here
+        self.buf = bytearray()
         self.rfd = os.dup(0)
         self.wfd = os.dup(1)
         os.set_inheritable(self.rfd, False)
@@ -50,27 +56,18 @@ class Channel:
         os.register_at_fork(after_in_child=self._close_in_child)
 
     def _close_in_child(self) -> None:
+        self.forked = True
         for fd in (self.rfd, self.wfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.rfd = self.wfd = -1
 
-    def _read_exact(self, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = os.read(self.rfd, n - len(buf))
-            if not chunk:
-                raise EOFError
-            buf += chunk
-        return bytes(buf)
-
     def recv(self) -> dict[str, Any]:
-        (size,) = p.HEADER.unpack(self._read_exact(p.HEADER.size))
-        p.check_size(size, p.MAX_REQUEST)
-        return p.decode(self._read_exact(size))
+        """The next frame: usually one read for its header and body together."""
+        return p.next_frame(self.buf, lambda n: os.read(self.rfd, n), p.MAX_REQUEST)
 
     def send(self, msg: dict[str, Any]) -> None:
-        if os.getpid() != self.pid:
+        if self.forked:
             return
         data = p.encode(msg)
         with self.lock:
@@ -85,8 +82,8 @@ class Worker:
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
-        self.python = PythonRunner(session_shell(), owner_pid=channel.pid)
-        self.contexts = Contexts(self.python, channel.pid, WORKSPACE)
+        self.python = PythonRunner(session_shell(), forked=lambda: channel.forked)
+        self.contexts = Contexts(self.python, WORKSPACE)
         self.services = Services(channel)  # background processes and watches, beside calls
         self.shell = Shell(WORKSPACE)
         self.editor = Editor(WORKSPACE)
@@ -96,16 +93,28 @@ class Worker:
         self.main_thread = threading.main_thread().ident
 
     def watch_interrupts(self, fd: int) -> None:
-        # The pipe's end means the server is gone: so are we.
-        while True:
+        """Serve the interrupt channel: interrupts, and services' requests beside a call."""
+        buf = bytearray()
+
+        def read(n: int) -> bytes:
             try:
-                data = os.read(fd, 64)
+                return os.read(fd, n)
             except OSError:
-                data = b""
-            if not data:
-                os._exit(0)
-            for byte in data:
-                self.interrupt(hard=byte == ord("k"))
+                return b""
+
+        while True:
+            if not buf and not (buf := bytearray(read(65536))):
+                os._exit(0)  # the channel's end means the server is gone: so are we
+            kind = bytes(buf[:1])
+            del buf[:1]
+            if kind in (p.CONTROL_INTERRUPT, p.CONTROL_KILL):
+                self.interrupt(hard=kind == p.CONTROL_KILL)
+            elif kind == p.CONTROL_SERVICE:
+                try:
+                    msg = p.next_frame(buf, read, p.MAX_REQUEST)
+                except (EOFError, p.ProtocolViolation):
+                    os._exit(0)  # a broken channel: the server restarts the worker
+                self.services.serve(msg)
 
     def interrupt(self, hard: bool) -> None:
         with self.busy_lock:
@@ -135,12 +144,14 @@ class Worker:
 
     def serve(self, interrupt_fd: int) -> None:
         threading.Thread(target=self.watch_interrupts, args=(interrupt_fd,), daemon=True).start()
-        calls = self.services.split()
         while True:
             try:
-                msg = calls()
+                msg = self.channel.recv()
             except (EOFError, OSError, p.ProtocolViolation):
                 return
+            if p.SERVICE in msg:  # services belong on the interrupt channel; served all the same
+                self.services.serve(msg)
+                continue
             try:
                 reply = self.handle(msg)
             except KeyboardInterrupt:
