@@ -291,17 +291,26 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Capture:
-    """Delimits one Python call's output on the worker's fds 1 and 2 and its Python streams."""
+    """Delimits one Python call's output on the worker's fds 1 and 2 and its Python streams.
+
+    Its begin and end each take what the pipes hold with one poll, which also tells whether
+    `watch` (another descriptor, the workspace's inotify) has anything to read then:
+    `watch_ready`, at the begin and at the end (True where it was not polled).
+    """
 
     streams: list[FdStream] = []
     python: list[io.TextIOWrapper] = []  # sys.stdout and sys.stderr as the worker set them
-    _poller: select.poll | None = None
 
     def __init__(
-        self, limit: int, live: tuple[Callable[[str], None], Callable[[str], None]] | None = None
+        self,
+        limit: int,
+        live: tuple[Callable[[str], None], Callable[[str], None]] | None = None,
+        watch: int = -1,
     ) -> None:
         self.limit = limit
         self.live = live
+        self.watch = watch
+        self.watch_ready = [True, True]
         self.out = self.err = ""
         if not Capture.streams:
             Capture._renew(0)
@@ -322,25 +331,26 @@ class Capture:
             cls.streams.append(stream)
             cls.python.append(PythonWrites.over(stream, getattr(sys, name)))
             setattr(sys, name, cls.python[i])
-        poller = cls._poller = select.poll()
-        for s in cls.streams:
-            poller.register(s.r, select.POLLIN)
 
-    @classmethod
-    def _take(cls, streams: list[FdStream]) -> None:
-        """What the pipes hold now, under their locks: one poll for both, a read where any."""
-        assert cls._poller is not None
-        ready = {fd for fd, _ in cls._poller.poll(0)}
-        for s in streams:
+    def _take(self, at: int) -> None:
+        """What the pipes hold now (their locks held): one poll, a read where there is any."""
+        poller = select.poll()
+        for fd in (*(s.r for s in self.streams), self.watch):
+            if fd >= 0:
+                poller.register(fd, select.POLLIN)
+        ready = {fd for fd, _ in poller.poll(0)}
+        for s in self.streams:
             if s.r in ready:
                 s.drain()
+        if self.watch >= 0:
+            self.watch_ready[at] = self.watch in ready
 
     def __enter__(self) -> Capture:
         # Text a background thread printed since the last call is dropped, not this call's.
         flush_python_streams()
         out, err = self.streams
         with out.lock, err.lock:
-            self._take([out, err])
+            self._take(0)
             for i, s in enumerate((out, err)):
                 s.kept.begin(self.limit, self.live[i] if self.live else None)
                 s.collecting = True
@@ -350,7 +360,7 @@ class Capture:
         flush_python_streams()
         out, err = self.streams
         with out.lock, err.lock:
-            self._take([out, err])
+            self._take(1)
             for s in (out, err):
                 s.collecting = False
             self.out, self.err = out.kept.text(), err.kept.text()

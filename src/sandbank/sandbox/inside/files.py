@@ -88,22 +88,28 @@ class Tracker:
         self.libc: Any = None
 
     # --- the two points of a call ----------------------------------------------------------
-    def before(self) -> dict[str, Signature] | None:
-        """At a call's start: the walk's answer when not tracking, else None."""
+    def before(self, pending: bool = True) -> dict[str, Signature] | None:
+        """At a call's start: the walk's answer when not tracking, else None. `pending`: whether
+        events may be waiting (False: a poll of `fd` just said none are, so none is read)."""
         if not self._tracking():
             return scan(self.root)
-        touched, trusted = self._drain()
+        touched, trusted = self._drain() if pending else (set(), True)
         if trusted:
             self._update(touched)
         else:
             self._resync()
         return None if self.fd >= 0 else scan(self.root)
 
-    def produced(self, before: dict[str, Signature] | None) -> list[str]:
-        """Workspace-relative paths (shown safely) of files new or changed during the call."""
+    def produced(self, before: dict[str, Signature] | None, pending: bool = True) -> list[str]:
+        """Workspace-relative paths (shown safely) of files new or changed during the call;
+        `pending` as for `before`."""
         if before is not None:
             return produced(self.root, before)
-        touched, trusted = self._drain() if self.fd >= 0 else (set(), False)
+        touched: set[str]
+        if self.fd < 0:
+            touched, trusted = set(), False
+        else:
+            touched, trusted = self._drain() if pending else (set(), True)
         if trusted:
             old = {path: self.sigs.get(path) for path in touched}
             self._update(touched)

@@ -184,16 +184,18 @@ class Worker:
         if op == p.OP_PING:
             return {"ok": True}
         if op == p.OP_PYTHON:
-            before = self.tracker.before()
             with self.contexts.entered(msg) as python:
                 python.on_display = (
                     (lambda b: self.channel.send({p.EVENT: p.EVENT_DISPLAY, "data": b}))
                     if live
                     else None
                 )
-                with self.busy_with(p.OP_PYTHON), Capture(limit, live) as cap:
-                    rc = python.run(str(msg["code"]))
-            files = self.tracker.produced(before)
+                # The capture's polls also say whether the workspace's watch has events.
+                with Capture(limit, live, watch=self.tracker.fd) as cap:
+                    before = self.tracker.before(pending=cap.watch_ready[0])
+                    with self.busy_with(p.OP_PYTHON):
+                        rc = python.run(str(msg["code"]))
+            files = self.tracker.produced(before, pending=cap.watch_ready[1])
             reply = p.result(cap.out, cap.err, rc, files, python.displays)
             if msg.get(p.NOTEBOOK):
                 reply[p.MAIN], reply[p.ERROR] = python.main, python.error
