@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from sandbank.config import Settings
-from sandbank.protocol.calls import PythonCall
+from sandbank.protocol.calls import Output, PythonCall
 from sandbank.sandbox.host.cgroups import Cgroup
 from sandbank.sandbox.host.slot import IsolatedBox
 from sandbank.sandbox.local import LocalSandboxes
@@ -67,8 +67,8 @@ async def first_event(rt: LocalSandboxes, sid: str) -> float:
     t0 = time.perf_counter()
     first: list[float] = []
 
-    def on_event(kind: str, data: object) -> None:
-        if kind == "stdout" and not first:
+    def on_event(event: object) -> None:
+        if isinstance(event, Output) and event.stream == "stdout" and not first:
             first.append((time.perf_counter() - t0) * 1000)
 
     code = "print(1, flush=True)\nimport time; time.sleep(0.05)"
