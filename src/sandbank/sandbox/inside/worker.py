@@ -167,7 +167,7 @@ class Worker:
         """Run one empty call, so the first real one does not pay for first-time set-up."""
         with Capture(1024):
             self.python.warm_up()
-        scan(WORKSPACE)
+        self.tracker.before()  # the workspace's watch set up and walked, not on the first call
 
     def _live(self) -> tuple[Callable[[str], None], Callable[[str], None]]:
         """Senders of a streamed call's output, as event frames before its reply."""
