@@ -23,7 +23,7 @@ from . import snapshot
 from .capture import Capture
 from .contexts import Contexts
 from .editor import Editor
-from .files import Tracker, scan
+from .files import Tracker
 from .notebook import session_shell
 from .pyexec import PythonRunner
 from .services import Services
