@@ -181,6 +181,7 @@ class FdStream(threading.Thread):
 
     def __init__(self, fd: int) -> None:
         super().__init__(daemon=True)
+        # Above 9: with fd 1 or 2 closed by user code, a new pipe would take its number.
         r, w = (above_stdio(x) for x in os.pipe())
         os.dup2(w, fd)
         os.close(w)
