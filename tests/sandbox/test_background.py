@@ -147,6 +147,16 @@ async def test_a_process_runs_while_a_call_runs(
     assert events[-1] == Exited(0, True, "exit status 0")
 
 
+async def test_processes_asked_for_at_once_on_a_fresh_session_all_run(
+    runtime: LocalSandboxes, session: ExecSession
+) -> None:
+    # The first requests open the worker's interrupt channel for services, all at once.
+    runs = await asyncio.gather(*(run(runtime, session, bash(f"echo p{i}")) for i in range(6)))
+    for i, events in enumerate(runs):
+        assert ProcessOutput("stdout", f"p{i}\n".encode()) in events
+        assert events[-1] == Exited(0, True, "exit status 0")
+
+
 async def test_environment_and_directory(runtime: LocalSandboxes, session: ExecSession) -> None:
     await runtime.make_dir(session.id, T, "sub")
     spec = bash("echo $ONE; pwd", envs={"ONE": "1"}, cwd="sub")  # relative: the workspace's

@@ -35,8 +35,10 @@ class WorkerProcess:
     # Once demultiplexed (`demux`): a reader takes every frame, the services' apart.
     _replies: asyncio.Queue[dict[str, Any] | WorkerGone] | None = None
     _splitter: asyncio.Task[None] | None = None
-    # The interrupt channel as a stream, once a service request was sent on it (`send_service`).
+    # The interrupt channel as a stream, once a service request was sent on it (`send_service`),
+    # made once under its lock (requests may come at once).
     _control: asyncio.StreamWriter | None = None
+    _control_made: asyncio.Lock | None = None
 
     def __init__(self, proc: asyncio.subprocess.Process, interrupts: int) -> None:
         self.proc = proc
@@ -93,17 +95,22 @@ class WorkerProcess:
     async def send_service(self, msg: dict[str, Any]) -> None:
         """A service request (processes, watches), on the interrupt channel: the worker's main
         thread reads only calls, and the channel's thread serves these beside a running one."""
-        if self._control is None:
-            if self._interrupts < 0:
-                raise WorkerGone
-            transport, proto = await asyncio.get_running_loop().connect_write_pipe(
-                asyncio.streams.FlowControlMixin,
-                os.fdopen(os.dup(self._interrupts), "wb", buffering=0),
-            )
-            self._control = asyncio.StreamWriter(transport, proto, None, asyncio.get_running_loop())
+        if self._control_made is None:
+            self._control_made = asyncio.Lock()
+        async with self._control_made:
+            if self._control is None:
+                if self._interrupts < 0:
+                    raise WorkerGone
+                loop = asyncio.get_running_loop()
+                transport, proto = await loop.connect_write_pipe(
+                    asyncio.streams.FlowControlMixin,
+                    os.fdopen(os.dup(self._interrupts), "wb", buffering=0),
+                )
+                self._control = asyncio.StreamWriter(transport, proto, None, loop)
+            control = self._control
         try:
-            self._control.write(protocol.CONTROL_SERVICE + protocol.encode(msg))
-            await self._control.drain()
+            control.write(protocol.CONTROL_SERVICE + protocol.encode(msg))
+            await control.drain()
         except (BrokenPipeError, ConnectionResetError, RuntimeError) as e:
             raise WorkerGone from e
 
