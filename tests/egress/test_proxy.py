@@ -7,6 +7,8 @@ import contextlib
 import ipaddress
 import logging
 import os
+import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ import pytest
 from sandbank.egress.limits import EgressLimits
 from sandbank.egress.policy import NetworkPolicy
 from sandbank.egress.proxy import EgressProxy
+from sandbank.egress.pump import Pump
 from sandbank.egress.resolver import FixedResolver
 from tests.egress.upstream import Upstream
 
@@ -63,7 +66,15 @@ class Rig:
         return reader, writer
 
 
-def make_rig(tmp: Path, a: Upstream, b: Upstream, limits: EgressLimits | None = None) -> Rig:
+@pytest.fixture(params=["pump", "loop"])
+def relay(request: pytest.FixtureRequest) -> str:
+    """Where checked connections are relayed: the data-plane process, or the proxy's loop."""
+    return str(request.param)
+
+
+def make_rig(
+    tmp: Path, a: Upstream, b: Upstream, limits: EgressLimits | None = None, relay: str = "pump"
+) -> Rig:
     resolver = FixedResolver(
         {
             "allowed.test": [LO],
@@ -76,7 +87,9 @@ def make_rig(tmp: Path, a: Upstream, b: Upstream, limits: EgressLimits | None = 
     limits = limits or EgressLimits(
         connections_per_session=8, bytes_per_session=10**8, rate_bytes=0
     )
-    return Rig(EgressProxy(trusted, limits, resolver), tmp / "egress" / "egress.sock", a, b)
+    pump = Pump(limits.rate_bytes, limits.idle_seconds) if relay == "pump" else None
+    proxy = EgressProxy(trusted, limits, resolver, pump=pump)
+    return Rig(proxy, tmp / "egress" / "egress.sock", a, b)
 
 
 @contextlib.asynccontextmanager
@@ -90,13 +103,15 @@ async def opened(rig: Rig, entries: list[str]) -> AsyncIterator[Rig]:
 
 
 @pytest.fixture
-async def rig(tmp_path: Path, upstreams: tuple[Upstream, Upstream]) -> AsyncIterator[Rig]:
+async def rig(
+    tmp_path: Path, upstreams: tuple[Upstream, Upstream], relay: str
+) -> AsyncIterator[Rig]:
     a, b = upstreams
     entries = [
         f"allowed.test:{a.port}", f"private.test:{b.port}", f"meta.test:{a.port}",
         f"ten.test:{a.port}", f"127.0.0.1:{a.port}",
     ]  # fmt: skip
-    async with opened(make_rig(tmp_path, a, b), entries) as r:
+    async with opened(make_rig(tmp_path, a, b, relay=relay), entries) as r:
         yield r
 
 
@@ -232,11 +247,11 @@ async def test_a_sandbox_not_yet_leased_has_no_network(
 
 
 async def test_connections_per_session_are_capped(
-    tmp_path: Path, upstreams: tuple[Upstream, Upstream]
+    tmp_path: Path, upstreams: tuple[Upstream, Upstream], relay: str
 ) -> None:
     a, b = upstreams
     limits = EgressLimits(connections_per_session=2, bytes_per_session=10**8, rate_bytes=0)
-    async with opened(make_rig(tmp_path, a, b, limits), [f"allowed.test:{a.port}"]) as rig:
+    async with opened(make_rig(tmp_path, a, b, limits, relay), [f"allowed.test:{a.port}"]) as rig:
         held = [await rig.tunnel(f"allowed.test:{a.port}") for _ in range(2)]
         status, _ = await rig.ask(f"CONNECT allowed.test:{a.port} HTTP/1.1\r\n\r\n")
         assert status.startswith("HTTP/1.1 429 too many connections"), status
@@ -250,11 +265,11 @@ async def test_connections_per_session_are_capped(
 
 
 async def test_the_byte_allowance_cuts_a_download_and_refuses_what_follows(
-    tmp_path: Path, upstreams: tuple[Upstream, Upstream]
+    tmp_path: Path, upstreams: tuple[Upstream, Upstream], relay: str
 ) -> None:
     a, b = upstreams
     limits = EgressLimits(connections_per_session=4, bytes_per_session=100_000, rate_bytes=0)
-    async with opened(make_rig(tmp_path, a, b, limits), [f"allowed.test:{a.port}"]) as rig:
+    async with opened(make_rig(tmp_path, a, b, limits, relay), [f"allowed.test:{a.port}"]) as rig:
         _, body = await rig.ask(f"GET http://allowed.test:{a.port}/big?n=1000000 HTTP/1.1\r\n\r\n")
         assert len(body) < 300_000
         status, _ = await rig.ask(f"GET http://allowed.test:{a.port}/ HTTP/1.1\r\n\r\n")
@@ -262,11 +277,11 @@ async def test_the_byte_allowance_cuts_a_download_and_refuses_what_follows(
 
 
 async def test_the_total_rate_slows_downloads(
-    tmp_path: Path, upstreams: tuple[Upstream, Upstream]
+    tmp_path: Path, upstreams: tuple[Upstream, Upstream], relay: str
 ) -> None:
     a, b = upstreams
     limits = EgressLimits(connections_per_session=4, bytes_per_session=10**8, rate_bytes=2_000_000)
-    async with opened(make_rig(tmp_path, a, b, limits), [f"allowed.test:{a.port}"]) as rig:
+    async with opened(make_rig(tmp_path, a, b, limits, relay), [f"allowed.test:{a.port}"]) as rig:
         started = time.monotonic()
         _, body = await rig.ask(f"GET http://allowed.test:{a.port}/big?n=3000000 HTTP/1.1\r\n\r\n")
         elapsed = time.monotonic() - started
@@ -292,3 +307,97 @@ async def test_the_proxy_tells_a_session_its_own_policy(rig: Rig) -> None:
     )
     stats = rig.proxy.stats("sb1")
     assert (stats.allowed, stats.refused) == (0, 0)
+
+
+# --- the data plane: a process of its own ---------------------------------------------------
+def read_tunnel(sock: socket.socket, n: int, into: list[bytes]) -> None:
+    """In a thread: what a tunnel brings within 10 s, while the test's loop may be blocked."""
+    sock.settimeout(10)
+    got = 0
+    with contextlib.suppress(OSError):
+        while got < n and (data := sock.recv(1 << 16)):
+            into.append(data)
+            got += len(data)
+
+
+async def test_a_handed_over_download_runs_while_the_proxys_loop_is_blocked(
+    tmp_path: Path, upstreams: tuple[Upstream, Upstream]
+) -> None:
+    """Bytes of a checked connection move in the pump's process: a busy API loop stops none."""
+    a, b = upstreams
+    async with opened(make_rig(tmp_path, a, b), [f"allowed.test:{a.port}"]) as rig:
+        _, writer = await rig.tunnel(f"allowed.test:{a.port}")
+        writer.write(f"GET /big?n=3000000 HTTP/1.1\r\nHost: x:{a.port}\r\n\r\n".encode())
+        await writer.drain()
+        await asyncio.sleep(0.2)  # handed over by now
+        sock = writer.get_extra_info("socket")
+        plain = socket.socket(fileno=os.dup(sock.fileno()))
+        got: list[bytes] = []
+        reading = threading.Thread(target=read_tunnel, args=(plain, 3_000_000, got))
+        reading.start()
+        time.sleep(1.0)  # noqa: ASYNC251 - the proxy's loop (this one) blocked on purpose
+        moved = sum(map(len, got))
+        reading.join(10)
+        plain.close()
+        writer.close()
+        # Most of it (the test's own stream read some ahead): relayed in this loop, 0.2 MB.
+        assert moved > 2_000_000, moved
+
+
+async def test_the_pump_drops_root_and_the_servers_environment(
+    tmp_path: Path, upstreams: tuple[Upstream, Upstream], machine: None
+) -> None:
+    a, b = upstreams
+    os.environ["SANDBANK_TEST_SECRET"] = "not for the pump"
+    try:
+        async with opened(make_rig(tmp_path, a, b), [f"allowed.test:{a.port}"]) as rig:
+            status, _ = await rig.ask(f"GET http://allowed.test:{a.port}/ HTTP/1.1\r\n\r\n")
+            assert status == "HTTP/1.0 200 OK"
+            assert rig.proxy.pump is not None
+            proc = rig.proxy.pump._proc
+            assert proc is not None
+            status_lines = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+            uids = next(x for x in status_lines if x.startswith("Uid:")).split()[1:]
+            assert set(uids) == {"65534"}, uids
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+            assert b"SANDBANK_TEST_SECRET" not in environ and b"PATH=" in environ
+    finally:
+        del os.environ["SANDBANK_TEST_SECRET"]
+
+
+async def test_when_the_pump_dies_its_connections_end_and_the_proxy_relays_itself(
+    tmp_path: Path, upstreams: tuple[Upstream, Upstream], machine: None
+) -> None:
+    a, b = upstreams
+    async with opened(make_rig(tmp_path, a, b), [f"allowed.test:{a.port}"]) as rig:
+        reader, writer = await rig.tunnel(f"allowed.test:{a.port}")
+        await asyncio.sleep(0.2)  # handed over by now
+        pump = rig.proxy.pump
+        assert pump is not None and pump._proc is not None
+        pump._proc.kill()
+        async with asyncio.timeout(5):
+            assert await reader.read(-1) == b""  # the tunnel it held ended with it
+        writer.close()
+        status, body = await rig.ask(f"GET http://allowed.test:{a.port}/z HTTP/1.1\r\n\r\n")
+        assert status == "HTTP/1.0 200 OK" and b"hello from upstream /z" in body
+        assert pump._proc is None  # relayed in the loop: no new process before RESTART_SECONDS
+        async with asyncio.timeout(5):
+            while rig.proxy.stats("sb1").open:  # noqa: ASYNC110 - bounded by the timeout
+                await asyncio.sleep(0.02)
+        assert rig.proxy.stats("sb1").bytes_in > len(body)
+
+
+async def test_an_idle_handed_over_tunnel_is_closed(
+    tmp_path: Path, upstreams: tuple[Upstream, Upstream]
+) -> None:
+    a, b = upstreams
+    limits = EgressLimits(
+        connections_per_session=4, bytes_per_session=10**8, rate_bytes=0, idle_seconds=0.5
+    )
+    async with opened(make_rig(tmp_path, a, b, limits), [f"allowed.test:{a.port}"]) as rig:
+        reader, writer = await rig.tunnel(f"allowed.test:{a.port}")
+        started = time.monotonic()
+        async with asyncio.timeout(5):
+            assert await reader.read(-1) == b""
+        assert time.monotonic() - started >= 0.4
+        writer.close()

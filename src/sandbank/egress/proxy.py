@@ -23,12 +23,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from .authority import Authority, upstream_context
 from .credentials import Applicable, Credential, NoCredentials
 from .interception import Link, Streams, Terminated, scrub_head, with_query
 from .limits import EgressLimits, EgressStats, RateLimiter
 from .policy import IPAddress, NetworkPolicy, is_public, normalize_name, parse_address
+from .pump import Pump
 from .resolver import Resolver
 
 log = logging.getLogger(__name__)
@@ -211,11 +213,15 @@ class EgressProxy:
         resolver: Resolver,
         data_dir: Path | None = None,
         extra_ca_file: Path | None = None,
+        pump: Pump | None = None,
     ) -> None:
         self.trusted = trusted  # the operator's lists: the only source of non-public addresses
         self.limits = limits
         self.resolver = resolver
         self.rate = RateLimiter(limits.rate_bytes)
+        # The data plane: where checked connections are relayed, out of this loop (`pump.py`);
+        # without one (or while it is down), they are relayed here.
+        self.pump = pump
         self._gates: dict[str, Gate] = {}
         # Where the deployment CA lives: without one, HTTPS is never terminated (tunnels only).
         self.data_dir = data_dir
@@ -284,6 +290,8 @@ class EgressProxy:
         for task in list(gate.tasks):
             task.cancel()
         await asyncio.gather(*gate.tasks, return_exceptions=True)
+        if self.pump is not None:
+            self.pump.forget(sandbox_id)
         s = gate.stats
         log.info(
             "egress of session %s: %d allowed, %d refused, %d failed, %d bytes out, %d in, "
@@ -294,6 +302,8 @@ class EgressProxy:
     async def close(self) -> None:
         for sandbox_id in list(self._gates):
             await self.close_sandbox(sandbox_id)
+        if self.pump is not None:
+            await self.pump.close()
 
     # --- one connection --------------------------------------------------------------------
     async def _serve(
@@ -343,7 +353,10 @@ class EgressProxy:
                     self._injected(gate, req, credential)
                 upstream.write(head)
                 gate.stats.bytes_out += len(head)
-            await self._relay(req, gate, reader, writer, up_reader, upstream, markers)
+            if markers or not await self._hand_off(
+                gate, req, (reader, writer), (up_reader, upstream)
+            ):
+                await self._relay(req, gate, reader, writer, up_reader, upstream, markers)
         except (OSError, EOFError, asyncio.LimitOverrunError):
             pass
         finally:
@@ -352,6 +365,46 @@ class EgressProxy:
             for w in (writer, upstream):
                 if w is not None:
                     w.close()
+
+    async def _hand_off(self, gate: Gate, req: Request, client: Streams, upstream: Streams) -> bool:
+        """Relay this connection in the data-plane process; False if it cannot take it now."""
+        pump = self.pump
+        transports = [cast(asyncio.Transport, w.transport) for w in (client[1], upstream[1])]
+        if pump is None or not all(
+            isinstance(t, asyncio.Transport) and not t.get_write_buffer_size() for t in transports
+        ):
+            return False  # what is still to be sent stays with this loop's relay
+        for t in transports:
+            t.pause_reading()
+        # Bytes the streams read ahead go first; of a plain request's, only its body.
+        to_upstream, to_client = _read_ahead(client[0]), _read_ahead(upstream[0])
+        limit = None if req.tunnel else req.body
+        if limit is not None:
+            to_upstream = to_upstream[:limit]
+            limit -= len(to_upstream)
+        done = pump.hand(
+            gate.sandbox_id,
+            client[1].get_extra_info("socket"),
+            upstream[1].get_extra_info("socket"),
+            limit=limit,
+            budget=self.limits.bytes_per_session - gate.stats.bytes - len(to_upstream + to_client),
+            to_upstream=to_upstream,
+            to_client=to_client,
+            moved=lambda out, into: _count_moved(gate.stats, out, into),
+        )
+        if done is None:
+            for t in transports:
+                t.resume_reading()
+            return False
+        _count_moved(gate.stats, len(to_upstream), len(to_client))
+        for t in transports:
+            t.abort()  # this loop's copies of the sockets; the connection lives on in the pump
+        try:
+            await done
+        except asyncio.CancelledError:
+            pump.cancel(done)
+            raise
+        return True
 
     async def _terminate(
         self,
@@ -607,6 +660,16 @@ def describe(gate: Gate) -> str:
     if added:
         text += "\ncredentials the proxy adds: " + "; ".join(added)
     return text
+
+
+def _read_ahead(reader: asyncio.StreamReader) -> bytes:
+    """What a stream has read and not yet given out (asyncio keeps it in `_buffer`)."""
+    return bytes(getattr(reader, "_buffer", b""))
+
+
+def _count_moved(stats: EgressStats, out: int, into: int) -> None:
+    stats.bytes_out += out
+    stats.bytes_in += into
 
 
 def _printable(text: str) -> str:

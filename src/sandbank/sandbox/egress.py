@@ -17,6 +17,7 @@ from ..egress.credentials import (
 from ..egress.limits import EgressLimits
 from ..egress.policy import NetworkPolicy
 from ..egress.proxy import EgressProxy
+from ..egress.pump import Pump
 from ..egress.resolver import FixedResolver, Resolver, SystemResolver
 from ..egress.sealing import Sealer
 from ..egress.vault import FILE_NAME, Vault
@@ -69,6 +70,7 @@ def build_proxy(settings: Settings, config: EgressConfig) -> EgressProxy | None:
         resolver,
         data_dir=settings.data_dir,
         extra_ca_file=settings.extra_ca_file,
+        pump=Pump(limits.rate_bytes, limits.idle_seconds),
     )
 
 

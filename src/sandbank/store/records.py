@@ -6,6 +6,7 @@ import hashlib
 import secrets
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -100,6 +101,37 @@ class Run:
     preferred: str | None = None  # the replica holding the session's sandbox, if any
 
 
+def new_user(name: str) -> User:
+    return User(id=str(uuid.uuid4()), name=name, created_at=time.time())
+
+
+def new_chat(user_id: str, ttl_seconds: float) -> ChatSession:
+    """A chat just created: DONE with nothing asked yet, deletable `ttl_seconds` from now."""
+    now = time.time()
+    return ChatSession(str(uuid.uuid4()), user_id, "DONE", None, now, now + ttl_seconds)
+
+
+def start_refusal(
+    status: SessionStatus,
+    user_id: str,
+    pending: Callable[[str | None], int],
+    *,
+    max_per_user: int,
+    max_total: int,
+) -> StartRefusal | None:
+    """Why a question may not start in the user's chat of `status` (None: it may), in the
+    order `RunQueue.start` checks. `pending(user_id)` counts the user's PENDING chats and
+    `pending(None)` everyone's, each only when reached, in the unit of work that starts the
+    run. `no_question` is the caller's to decide after these (its store has the messages)."""
+    if status == "PENDING":
+        return "busy"
+    if pending(user_id) >= max_per_user:
+        return "user_limit"
+    if pending(None) >= max_total:
+        return "total_limit"
+    return None
+
+
 def posted_run(
     question: Message,
     user_id: str,
@@ -128,6 +160,12 @@ def posted_run(
         created_at=now,
         preferred=preferred,
     )
+
+
+def unattended(run: Run, now: float) -> bool:
+    """Whether no replica works on the run: queued, or its lease expired by `now` (a run
+    being cancelled then ends at once, see `RunQueue.request_cancel`)."""
+    return run.state == "queued" or (run.lease_until or 0) < now
 
 
 def new_secret() -> str:

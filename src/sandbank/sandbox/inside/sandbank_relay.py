@@ -5,108 +5,93 @@ Standard library only; imports nothing from the server; run as its own process b
 its own loopback, so HTTP clients (pip, requests, httpx, curl) are pointed by the usual proxy
 variables at this relay, which passes bytes to the socket Sandbank bound in. The proxy outside
 decides what may pass; this relay decides nothing and trusts nothing.
+
+Each way of a connection is a thread moving bytes with splice(2), from socket to pipe to socket
+inside the kernel: no Python buffer touches them, and the threads wait in the kernel with the
+GIL released, so the relay costs the sandbox's CPU share almost nothing beside its client.
+A half-close passes through (the client may finish sending and still read); when the proxy's
+side ends, the connection is over.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+import fcntl
+import os
 import socket
 import sys
+import threading
+import time
 
+PIPE_SIZE = 256 * 1024
+F_SETPIPE_SZ = 1031
+CONNECT_TIMEOUT = 10.0
 _UNREACHABLE = (
     b"HTTP/1.1 502 Sandbank egress proxy unreachable\r\nContent-Length: 0\r\n"
     b"Connection: close\r\n\r\n"
 )
 
 
-class Side(asyncio.Protocol):
-    """One end of a relayed connection (an asyncio protocol): what it receives, its peer sends.
-
-    Callbacks instead of stream reads: no await per chunk, so the relay costs the sandbox little
-    CPU. Flow control passes through (a full peer pauses this side's reading), and so does a
-    half-close; when either end is gone, both are closed.
-    """
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.peer: Side | None = None
-        self.eof = False
-        self.early: list[bytes] = []
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.write(data)
-        else:  # before the peer is there (Python 3.11 may read despite pause_reading)
-            self.early.append(data)
-
-    def eof_received(self) -> bool:
-        self.eof = True
-        peer = self.peer
-        if peer is None and isinstance(self, ClientSide):
-            return True  # still dialing: the peer gets the EOF once it is there
-        if peer is None or peer.transport is None or peer.eof or not peer.transport.can_write_eof():
-            return False  # close this end (and, through connection_lost, the peer)
-        peer.transport.write_eof()
-        return True  # keep this end open: the peer may still answer
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.close()
-
-    def pause_writing(self) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.resume_reading()
+def one_way(src: socket.socket, dst: socket.socket) -> None:
+    """Move bytes from `src` to `dst` until `src` ends; then pass the end on."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(w, F_SETPIPE_SZ, PIPE_SIZE)
+    try:
+        while n := os.splice(src.fileno(), w, PIPE_SIZE):
+            while n:
+                n -= os.splice(r, dst.fileno(), n)
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        for s in (src, dst):  # one end failed: the other learns it at once
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+    finally:
+        os.close(r)
+        os.close(w)
 
 
-class ClientSide(Side):
-    """The end a client (pip, curl) connected to; it dials the proxy's socket for its peer."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__()
-        self.path = path
-        self.dialing: object = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        assert self.transport is not None
-        self.transport.pause_reading()  # until the peer is there to receive
-        self.dialing = asyncio.get_running_loop().create_task(self.dial())
-
-    async def dial(self) -> None:
-        assert self.transport is not None
-        try:
-            _, up = await asyncio.get_running_loop().create_unix_connection(Side, self.path)
-        except OSError:
-            self.transport.write(_UNREACHABLE)
-            self.transport.close()
-            return
-        assert up.transport is not None
-        if self.transport.is_closing():
-            up.transport.close()
-            return
-        self.peer, up.peer = up, self
-        up.transport.writelines(self.early)
-        self.early.clear()
-        if self.eof:
-            up.transport.write_eof()
-        self.transport.resume_reading()
+def relay(client: socket.socket, path: str) -> None:
+    """One connection: dial the proxy, then both ways at once; close both when both are done."""
+    with client:
+        proxy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with proxy:
+            proxy.settimeout(CONNECT_TIMEOUT)
+            try:
+                proxy.connect(path)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    client.sendall(_UNREACHABLE)
+                return
+            proxy.settimeout(None)
+            up = threading.Thread(target=one_way, args=(client, proxy), daemon=True)
+            try:
+                up.start()
+            except RuntimeError:  # the sandbox's process limit: this connection is refused
+                return
+            one_way(proxy, client)
+            # The proxy ended the connection: the client's side of it is over too.
+            with contextlib.suppress(OSError):
+                client.shutdown(socket.SHUT_RD)
+            up.join()
 
 
-async def _serve(fd: int, path: str) -> None:
+def serve(fd: int, path: str) -> None:
     listener = socket.socket(fileno=fd)
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: ClientSide(path), sock=listener)
-    async with server:
-        await server.serve_forever()
+    # A connection reset before it was accepted, or no descriptor or thread left for one, is
+    # never the relay's end; a pause, so a lasting shortage does not spin.
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            time.sleep(0.05)
+            continue
+        try:
+            threading.Thread(target=relay, args=(client, path), daemon=True).start()
+        except RuntimeError:
+            client.close()
+            time.sleep(0.05)
 
 
 if __name__ == "__main__":
-    asyncio.run(_serve(int(sys.argv[1]), sys.argv[2]))
+    serve(int(sys.argv[1]), sys.argv[2])

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 
 from sandbank.errors import Conflict, NotFound
 from sandbank.store.memory.state import MemoryState
-from sandbank.store.records import ApiKey, User, hash_secret, new_key_id, new_secret
+from sandbank.store.records import ApiKey, User, hash_secret, new_key_id, new_secret, new_user
 
 
 class MemoryAccounts:
@@ -23,7 +22,7 @@ class MemoryAccounts:
     async def create_user(self, name: str) -> User:
         if self._named(name) is not None:
             raise Conflict(f"user {name!r} exists")
-        user = User(id=str(uuid.uuid4()), name=name, created_at=time.time())
+        user = new_user(name)
         self.state.users[user.id] = user
         return user
 

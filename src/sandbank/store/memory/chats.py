@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import time
-import uuid
 
 from sandbank.errors import NotFound
 from sandbank.store.memory.state import MemoryState
-from sandbank.store.records import TITLE_MAX, ChatSession, Message
+from sandbank.store.records import TITLE_MAX, ChatSession, Message, new_chat
 
 
 class MemoryChats:
@@ -28,8 +26,7 @@ class MemoryChats:
     async def create(self, user_id: str, ttl_seconds: float) -> ChatSession:
         if user_id not in self.state.users:
             raise NotFound(f"no user with id {user_id!r}")
-        now = time.time()
-        chat = ChatSession(str(uuid.uuid4()), user_id, "DONE", None, now, now + ttl_seconds)
+        chat = new_chat(user_id, ttl_seconds)
         self.state.chats[chat.id] = chat
         self.state.messages[chat.id] = []
         return chat

@@ -33,9 +33,15 @@ class MemoryFileRecords:
         return sorted(mine, key=lambda f: f.filename)
 
     async def stored_bytes(self, user_id: str) -> int:
+        return self._stored(user_id)
+
+    def _stored(self, user_id: str, replaced: tuple[str, str] | None = None) -> int:
+        """The size of the user's recorded files, less the file at `replaced` (chat, name)."""
         chats = self.state.chats
         return sum(
-            f.size for f in self.state.files.values() if chats[f.session_id].user_id == user_id
+            f.size
+            for key, f in self.state.files.items()
+            if chats[f.session_id].user_id == user_id and key != replaced
         )
 
     async def note_upload(self, session_id: str, filename: str, expires_at: float) -> None:
@@ -65,11 +71,7 @@ class MemoryFileRecords:
             for k, r in state.reservations.items()
             if not (r.user_id == user_id and r.expires_at < now)
         }
-        stored = sum(
-            f.size
-            for key, f in state.files.items()
-            if state.chats[f.session_id].user_id == user_id and key != (session_id, filename)
-        )
+        stored = self._stored(user_id, replaced=(session_id, filename))
         reserved = sum(
             r.size
             for k, r in state.reservations.items()

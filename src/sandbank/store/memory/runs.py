@@ -18,6 +18,8 @@ from sandbank.store.records import (
     SessionStatus,
     StartRefusal,
     posted_run,
+    start_refusal,
+    unattended,
 )
 
 
@@ -39,12 +41,15 @@ class MemoryRunQueue:
         affinity: bool = False,
     ) -> tuple[Message, Run] | StartRefusal:
         chat = self.state.chat(session_id)
-        if chat.status == "PENDING":
-            return "busy"
-        if self.state.count_pending(chat.user_id) >= max_per_user:
-            return "user_limit"
-        if self.state.count_pending() >= max_total:
-            return "total_limit"
+        refusal = start_refusal(
+            chat.status,
+            chat.user_id,
+            self.state.count_pending,
+            max_per_user=max_per_user,
+            max_total=max_total,
+        )
+        if refusal is not None:
+            return refusal
         if content is None:
             asked = [m for m in self.state.messages.get(session_id, []) if m.role == "user"]
             if not asked:
@@ -138,7 +143,7 @@ class MemoryRunQueue:
         run = self.state.active_run(session_id)
         if run is None:
             return "none"
-        if run.state == "queued" or (run.lease_until or 0) < time.time():
+        if unattended(run, time.time()):
             self.state.runs[run.id] = dataclasses.replace(
                 run, state="cancelled", cancel_requested=True, lease_until=None, message=CANCELLED
             )

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 import sqlalchemy as sa
 
 from sandbank.errors import Conflict, NotFound
-from sandbank.store.records import ApiKey, User, hash_secret, new_key_id, new_secret
+from sandbank.store.records import ApiKey, User, hash_secret, new_key_id, new_secret, new_user
 from sandbank.store.schema import api_keys, sessions, users
 from sandbank.store.sql.database import Conn, Database, every, one
 
@@ -21,7 +20,7 @@ class SqlAccounts:
         self.db = db
 
     async def create_user(self, name: str) -> User:
-        user = User(id=str(uuid.uuid4()), name=name, created_at=time.time())
+        user = new_user(name)
         insert = sa.insert(users).values(id=user.id, name=name, created_at=user.created_at)
         await self.db.write(
             lambda conn: conn.execute(insert), refused=lambda: Conflict(f"user {name!r} exists")

@@ -3,8 +3,6 @@ aggregates' transactions compose: the chat's lock, its status, appending a messa
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -16,6 +14,7 @@ from sandbank.store.records import (
     Message,
     Role,
     SessionStatus,
+    new_chat,
     next_timestamp,
 )
 from sandbank.store.schema import messages, sessions, users
@@ -41,14 +40,13 @@ class SqlChats:
     async def _create(
         self, user_id: str, ttl_seconds: float, limit: int | None
     ) -> ChatSession | None:
-        now = time.time()
-        chat = ChatSession(str(uuid.uuid4()), user_id, "DONE", None, now, now + ttl_seconds)
+        chat = new_chat(user_id, ttl_seconds)
         insert = sa.insert(sessions).values(
             id=chat.id,
             user_id=user_id,
             status=chat.status,
             status_message=None,
-            created_at=now,
+            created_at=chat.created_at,
             ttl=chat.ttl,
         )
 

@@ -22,38 +22,21 @@ class SqlFileRecords:
 
     async def upsert(self, session_id: str, filename: str, size: int, origin: Origin) -> FileRecord:
         record = FileRecord(session_id, filename, size, origin, time.time())
-        values = {"size": size, "origin": origin, "updated_at": record.updated_at}
-
-        def upsert(conn: Conn) -> FileRecord:
-            lock_chat(conn, session_id)  # serializes writers of this chat's records
-            where = (files.c.session_id == session_id, files.c.filename == filename)
-            if not conn.execute(sa.update(files).where(*where).values(**values)).rowcount:
-                conn.execute(
-                    sa.insert(files).values(session_id=session_id, filename=filename, **values)
-                )
-            return record
-
-        return await self.db.write(upsert)
+        return await self.db.write(lambda conn: _put(conn, record))
 
     async def get(self, session_id: str, filename: str) -> FileRecord | None:
-        query = sa.select(files).where(
-            files.c.session_id == session_id, files.c.filename == filename
+        row = await self.db.read(
+            one(sa.select(files).where(*_is_file(files, session_id, filename)))
         )
-        row = await self.db.read(one(query))
         return None if row is None else _record(row)
 
     async def delete(self, session_id: str, filename: str) -> bool:
         def delete(conn: Conn) -> bool:
             lock_chat(conn, session_id)
             conn.execute(
-                sa.delete(pending_uploads).where(
-                    pending_uploads.c.session_id == session_id,
-                    pending_uploads.c.filename == filename,
-                )
+                sa.delete(pending_uploads).where(*_is_file(pending_uploads, session_id, filename))
             )
-            gone = sa.delete(files).where(
-                files.c.session_id == session_id, files.c.filename == filename
-            )
+            gone = sa.delete(files).where(*_is_file(files, session_id, filename))
             return bool(conn.execute(gone).rowcount)
 
         return await self.db.write(delete)
@@ -63,15 +46,10 @@ class SqlFileRecords:
         return [_record(r) for r in await self.db.read(every(query))]
 
     async def stored_bytes(self, user_id: str) -> int:
-        query = (
-            sa.select(sa.func.coalesce(sa.func.sum(files.c.size), 0))
-            .join(sessions, sessions.c.id == files.c.session_id)
-            .where(sessions.c.user_id == user_id)
-        )
-        return await self.db.read(scalar_int(query))
+        return await self.db.read(scalar_int(_stored(user_id)))
 
     async def note_upload(self, session_id: str, filename: str, expires_at: float) -> None:
-        where = (pending_uploads.c.session_id == session_id, pending_uploads.c.filename == filename)
+        where = _is_file(pending_uploads, session_id, filename)
 
         def note(conn: Conn) -> None:
             update = sa.update(pending_uploads).where(*where).values(expires_at=expires_at)
@@ -89,9 +67,7 @@ class SqlFileRecords:
         return {r.filename: r.expires_at for r in await self.db.read(every(query))}
 
     async def drop_upload(self, session_id: str, filename: str) -> None:
-        drop = sa.delete(pending_uploads).where(
-            pending_uploads.c.session_id == session_id, pending_uploads.c.filename == filename
-        )
+        drop = sa.delete(pending_uploads).where(*_is_file(pending_uploads, session_id, filename))
         await self.db.write(lambda conn: conn.execute(drop))
 
     async def reserve(
@@ -114,14 +90,8 @@ class SqlFileRecords:
             lock_user(conn, user_id)  # the user's counts hold until commit, on every replica
             now = time.time()
             conn.execute(sa.delete(res).where(res.c.user_id == user_id, res.c.expires_at < now))
-            stored = (
-                sa.select(sa.func.coalesce(sa.func.sum(files.c.size), 0))
-                .join(sessions, sessions.c.id == files.c.session_id)
-                .where(sessions.c.user_id == user_id)
-                .where(
-                    sa.not_(sa.and_(files.c.session_id == session_id, files.c.filename == filename))
-                )
-            )
+            replaced = sa.and_(*_is_file(files, session_id, filename))
+            stored = _stored(user_id).where(sa.not_(replaced))
             reserved = sa.select(sa.func.coalesce(sa.func.sum(res.c.size), 0)).where(
                 res.c.user_id == user_id, res.c.id != reservation_id
             )
@@ -153,20 +123,43 @@ class SqlFileRecords:
         self, reservation_id: str, session_id: str, filename: str, size: int, origin: Origin
     ) -> FileRecord:
         record = FileRecord(session_id, filename, size, origin, time.time())
-        values = {"size": size, "origin": origin, "updated_at": record.updated_at}
 
         def commit(conn: Conn) -> FileRecord:
-            lock_chat(conn, session_id)
-            where = (files.c.session_id == session_id, files.c.filename == filename)
-            if not conn.execute(sa.update(files).where(*where).values(**values)).rowcount:
-                conn.execute(
-                    sa.insert(files).values(session_id=session_id, filename=filename, **values)
-                )
+            _put(conn, record)
             res = quota_reservations
             conn.execute(sa.delete(res).where(res.c.id == reservation_id))
             return record
 
         return await self.db.write(commit)
+
+
+def _is_file(table: sa.Table, session_id: str, filename: str) -> tuple[sa.ColumnElement[bool], ...]:
+    """Where a row of `table` (files, pending uploads) is the chat's file `filename`."""
+    return (table.c.session_id == session_id, table.c.filename == filename)
+
+
+def _stored(user_id: str) -> sa.Select[Any]:
+    """The size of the user's recorded files."""
+    return (
+        sa.select(sa.func.coalesce(sa.func.sum(files.c.size), 0))
+        .join(sessions, sessions.c.id == files.c.session_id)
+        .where(sessions.c.user_id == user_id)
+    )
+
+
+def _put(conn: Conn, record: FileRecord) -> FileRecord:
+    """Write the file's record, created or replaced, its chat locked first: that serializes
+    the writers of the chat's records (`SessionNotFound` without the chat)."""
+    lock_chat(conn, record.session_id)
+    values = {"size": record.size, "origin": record.origin, "updated_at": record.updated_at}
+    where = _is_file(files, record.session_id, record.filename)
+    if not conn.execute(sa.update(files).where(*where).values(**values)).rowcount:
+        conn.execute(
+            sa.insert(files).values(
+                session_id=record.session_id, filename=record.filename, **values
+            )
+        )
+    return record
 
 
 def _record(row: sa.Row[Any]) -> FileRecord:

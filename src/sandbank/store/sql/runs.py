@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
+from functools import partial
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -23,6 +24,8 @@ from sandbank.store.records import (
     SessionStatus,
     StartRefusal,
     posted_run,
+    start_refusal,
+    unattended,
 )
 from sandbank.store.schema import messages, runs, sessions
 from sandbank.store.sql.chats import insert_message, lock_chat, set_status
@@ -60,14 +63,15 @@ class SqlRunQueue:
                     sessions.c.id == session_id
                 )
             ).one()
-            if chat.status == "PENDING":
-                return "busy"
-            pending = sa.select(sa.func.count()).where(sessions.c.status == "PENDING")
-            mine = pending.where(sessions.c.user_id == chat.user_id)
-            if int(conn.execute(mine).scalar() or 0) >= max_per_user:
-                return "user_limit"
-            if int(conn.execute(pending).scalar() or 0) >= max_total:
-                return "total_limit"
+            refusal = start_refusal(
+                chat.status,
+                chat.user_id,
+                partial(_count_pending, conn),
+                max_per_user=max_per_user,
+                max_total=max_total,
+            )
+            if refusal is not None:
+                return refusal
             if content is None:
                 row = conn.execute(
                     sa.select(messages.c.timestamp, messages.c.content)
@@ -240,7 +244,7 @@ class SqlRunQueue:
                 return "none"
             now = time.time()
             this = sa.update(runs).where(runs.c.id == row.id)
-            if row.state == "queued" or (row.lease_until or 0) < now:
+            if unattended(_run(row), now):
                 # Nobody works on it: end it here rather than wait for a claimer.
                 conn.execute(
                     this.values(
@@ -275,6 +279,14 @@ class SqlRunQueue:
             .returning(sessions.c.id)
         )
         return await self.db.write(lambda conn: list(conn.execute(fail).scalars()))
+
+
+def _count_pending(conn: Conn, user_id: str | None) -> int:
+    """The user's PENDING chats; everyone's when `user_id` is None."""
+    query = sa.select(sa.func.count()).where(sessions.c.status == "PENDING")
+    if user_id is not None:
+        query = query.where(sessions.c.user_id == user_id)
+    return int(conn.execute(query).scalar() or 0)
 
 
 def _holds(run: Run) -> tuple[Any, ...]:
