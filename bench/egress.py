@@ -160,7 +160,8 @@ async def main(rounds: int, mib: int, port: int, rate_mib: int) -> None:
         def unix(url: str, path: str = SOCKET) -> str:
             return f"--unix-socket {path} --request-target {url}"
 
-        slot = getattr(rt.session(session.id, TENANT).sandbox, "slot", None)
+        box = getattr(rt.session(session.id, TENANT).sandbox, "box", None)
+        slot = getattr(box, "slot", None)
         host_socket = str(getattr(slot, "egress_dir", data) / "egress.sock")
 
         await inside(small, 3)  # warm every path
