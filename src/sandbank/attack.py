@@ -244,7 +244,9 @@ async def attack(settings: Settings, out: TextIO) -> list[Outcome]:
     secret.write_text("host-secret-" + secrets.token_hex(4))
     secret.chmod(0o644)
     greeting = b"host-listener-" + secrets.token_hex(4).encode()
-    own = settings.model_copy(update={"data_dir": scratch / "data", "pool_size": 0})
+    own = settings.model_copy(
+        update={"data_dir": scratch / "data", "pool_size": 0, "pool_size_max": 0}
+    )
     runtime = LocalSandboxes(own)
     outcomes: list[Outcome] = []
     try:

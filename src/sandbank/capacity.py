@@ -127,6 +127,11 @@ def derived_pool_size(isolation: str, max_sessions: int) -> int:
     return max(POOL_MIN, min(POOL_MAX, max_sessions // POOL_SHARE))
 
 
+def derived_pool_growth(max_sessions: int) -> int:
+    """The most a fork server's pool grows to after a burst: a burst like it served again."""
+    return min(POOL_MAX, max_sessions)
+
+
 def sessions_memory(total: int | None = None) -> int:
     """What all of a server's sandboxes together may use (bytes): the machine less the reserve."""
     total = mem_total() if total is None else total

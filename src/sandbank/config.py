@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .capacity import derived_max_sessions, derived_pool_size, disk_room
+from .capacity import derived_max_sessions, derived_pool_growth, derived_pool_size, disk_room
 from .egress.policy import NetworkPolicy
 from .egress.resolver import FixedResolver
 from .egress.sealing import parse_keys
@@ -187,6 +187,15 @@ class Settings(BaseSettings):
         description="Sandboxes kept started and ready to lease; -1 (the default) derives it: "
         "with `isolation=fork` one per 20 of `max_sessions` (between 2 and 64, so a burst of "
         "new sessions is served from the pool), otherwise 2.",
+    )
+    pool_size_max: int = Field(
+        -1,
+        ge=-1,
+        description="Most sandboxes the warm pool grows to when leases come in bursts (the "
+        "leases of the last 10 s), so the next burst is served from it too; after 10 minutes "
+        "without one it shrinks back to `pool_size`. It never holds more than the sessions not "
+        "leased leave room for. -1 (the default): with `isolation=fork` and a derived "
+        "`pool_size`, 64 or `max_sessions` if less; otherwise `pool_size` (no growth).",
     )
     pool_preimport: bool = Field(
         True,
@@ -750,8 +759,13 @@ class Settings(BaseSettings):
             self.max_sessions = derived_max_sessions(
                 self.isolation, self.memory_limit_mb, self.uid_count, disk_room=room
             )
-        if self.pool_size == -1:
+        derived_pool = self.pool_size == -1
+        if derived_pool:
             self.pool_size = derived_pool_size(self.isolation, self.max_sessions)
+        if self.pool_size_max == -1:
+            grows = derived_pool and self.isolation == "fork"
+            self.pool_size_max = derived_pool_growth(self.max_sessions) if grows else 0
+        self.pool_size_max = max(self.pool_size, self.pool_size_max)
         return self
 
     @model_validator(mode="after")

@@ -177,7 +177,7 @@ async def check_runtime(settings: Settings) -> str:
     # A directory of its own: a running server's sandboxes are never touched.
     scratch = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="sandbank-doctor-"))
     await asyncio.to_thread(os.chmod, scratch, 0o711)
-    own = settings.model_copy(update={"data_dir": scratch, "pool_size": 0})
+    own = settings.model_copy(update={"data_dir": scratch, "pool_size": 0, "pool_size_max": 0})
     runtime = LocalSandboxes(own)
     try:
         await runtime.start()

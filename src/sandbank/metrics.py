@@ -12,7 +12,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from prometheus_client import (
     CollectorRegistry,
@@ -71,10 +71,16 @@ def outcome_of(result: ExecResult) -> str:
     return "error"
 
 
+M = TypeVar("M", Counter, Histogram)
+
+
 class Metrics:
     """Every metric of one server, in a registry of its own (tests build as many as they like)."""
 
     def __init__(self) -> None:
+        # Labelled children met before, found with one dict lookup: `labels()` validates and
+        # locks at each call, and the hot paths count every request (labels are fixed words).
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry = CollectorRegistry()
         self.http_requests = Counter(
             "sandbank_http_requests",
@@ -181,6 +187,14 @@ class Metrics:
             buckets=(1, 2, 3, 5, 8, 13, 20, 40),
             registry=r,
         )
+
+    def child(self, metric: M, *labels: str) -> M:
+        """`metric.labels(*labels)`, looked up once."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return cast(M, found)
 
     def session_moved(self, direction: str) -> None:
         """A fleet node moved a session's snapshot (`MovedSnapshots`' hook)."""
@@ -369,9 +383,9 @@ class SandboxHooks:
         self.metrics.capacity_refusals.inc()
 
     def executed(self, call: ToolCall, result: ExecResult, seconds: float) -> None:
-        tool = tool_name(call)
-        self.metrics.exec_seconds.labels(tool).observe(seconds)
-        self.metrics.exec_results.labels(tool, outcome_of(result)).inc()
+        tool, m = tool_name(call), self.metrics
+        m.child(m.exec_seconds, tool).observe(seconds)
+        m.child(m.exec_results, tool, outcome_of(result)).inc()
         for stream, text in (("stdout", result.stdout), ("stderr", result.stderr)):
             if TRUNCATED.search(text[-200:]):
                 self.metrics.truncations.labels(stream).inc()

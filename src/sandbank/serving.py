@@ -55,7 +55,7 @@ class MainServer(uvicorn.Server):
 
 def connection_book(settings: Settings) -> ConnectionBook:
     """The connection bounds of every listener of this process (http/edge.py)."""
-    sandboxes = 0 if settings.role == "front" else settings.max_sessions + settings.pool_size
+    sandboxes = 0 if settings.role == "front" else settings.max_sessions + settings.pool_size_max
     limit = capacity.connection_limit(sandboxes, settings.max_connections)
     if settings.max_connections and limit < settings.max_connections:
         log.warning(

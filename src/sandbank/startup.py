@@ -353,5 +353,8 @@ def summary(settings: Settings, tokens: int = 0) -> str:
             model += f" at {without_credentials(s.llm_base_url)}"
         parts += [f"database {database_kind(s)}", f"storage {storage_kind(s)}", f"model {model}"]
     if s.role != "front":
-        parts.append(f"pool size {s.pool_size}; max sessions {s.max_sessions}")
+        parts.append(
+            f"pool size {s.pool_size} (up to {s.pool_size_max} after bursts); "
+            f"max sessions {s.max_sessions}"
+        )
     return "; ".join(parts)

@@ -49,6 +49,7 @@ class AccessMiddleware:
         named = SESSION_PATH.match(str(scope["path"]))
         session_token = session_id.set(named.group(1) if named else "-")
         root = str(scope.get("root_path", ""))
+        m = self.metrics
         started = time.monotonic()
         status = 500  # if nothing was sent, the server failed
 
@@ -69,7 +70,7 @@ class AccessMiddleware:
                 status = int(message["status"])
                 MutableHeaders(scope=message)["X-Request-ID"] = rid
                 route = route_of(scope, root)
-                self.metrics.http_seconds.labels(route).observe(time.monotonic() - started)
+                m.child(m.http_seconds, route).observe(time.monotonic() - started)
             await send(message)
 
         try:
@@ -77,9 +78,9 @@ class AccessMiddleware:
         finally:
             route = route_of(scope, root)
             method = str(scope["method"])
-            self.metrics.http_requests.labels(route, method, str(status)).inc()
-            self.metrics.http_bytes.labels(route, "in").inc(received)
-            self.metrics.http_bytes.labels(route, "out").inc(sent)
+            m.child(m.http_requests, route, method, str(status)).inc()
+            m.child(m.http_bytes, route, "in").inc(received)
+            m.child(m.http_bytes, route, "out").inc(sent)
             # The path without its query: presigned URLs carry signatures there. The path is
             # the client's: text logs escape its control characters, JSON logs have it as a
             # field of its own (logs.py).

@@ -145,11 +145,14 @@ class LocalSandboxes:
         self.credentials = CredentialBook(settings)  # the operator's and the tenants'
         # The default isolation's pool is `pool_size`; another's is smaller (it is asked for
         # less often, and a gVisor sandbox waiting costs ~120 MiB).
+        # Only the default's grows after bursts, into the room the sessions leave.
         self.pools = {
             name: WarmPool(
                 b,
                 settings.pool_size if b is self.backend else min(2, settings.pool_size),
                 settings.pool_preimport,
+                ceiling=settings.pool_size_max if b is self.backend else 0,
+                room=self._pool_room,
             )
             for name, b in self.backends.items()
         }
@@ -171,6 +174,13 @@ class LocalSandboxes:
         # takes that copy with it (fleet/moves.py).
         self.on_checkpoint: Callable[[ExecSession], Awaitable[None]] | None = None
         self.on_ended: Callable[[ExecSession], Awaitable[None]] | None = None
+
+    def _pool_room(self) -> int:
+        """Sandboxes the machine may still start beside its sessions (the data disk and
+        `max_sessions` were sized for the sessions and the pools' floors)."""
+        held = len(self._sessions) + sum(p.ready for p in self.pools.values())
+        floors = sum(p.floor for p in self.pools.values())
+        return max(0, self.settings.max_sessions + floors - held)
 
     def new_id(self) -> str:
         return self.instance + secrets.token_urlsafe(RANDOM_BYTES)
@@ -437,6 +447,11 @@ class LocalSandboxes:
         task = asyncio.create_task(self._close(session, forget))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
+        task.add_done_callback(self._room_made)
+
+    def _room_made(self, _: object) -> None:
+        for pool in self.pools.values():  # a grown pool held back for sessions may fill now
+            pool.wake()
 
     async def _close(self, session: ExecSession, forget: bool = True) -> None:
         # A client's open download or upload must not keep the workspace's disk busy.

@@ -375,7 +375,9 @@ class SupervisedSandbox:
         try:
             await worker.send(msg)
             try:
-                result = _parse(await asyncio.wait_for(_reply(worker, on_event), timeout))
+                async with asyncio.timeout(timeout):  # in this task: no task of its own a call
+                    reply = await _reply(worker, on_event)
+                result = _parse(reply)
                 if result.return_code > 128:
                     # Something of the call was killed (a subprocess past the memory limit,
                     # say): the count a later death is judged against moves on with it.

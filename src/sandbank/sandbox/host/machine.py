@@ -193,7 +193,7 @@ class IsolatedHost:
             await asyncio.to_thread(favor_dynamic_moves)
         await asyncio.to_thread(self._cleanup_stale)
         await asyncio.to_thread(self._sweep_machine)
-        sandboxes = self.settings.max_sessions + self.settings.pool_size
+        sandboxes = self.settings.max_sessions + self.settings.pool_size_max
         soft, want = capacity.raise_open_files(sandboxes)
         if soft < want:
             log.warning(
