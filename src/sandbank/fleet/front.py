@@ -7,11 +7,12 @@ Bodies stream through in both directions; a node that is gone answers a clear 40
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -29,6 +30,7 @@ from ..errors import (
     Unprocessable,
 )
 from ..http.bodies import read_body
+from ..protocol.client import Body
 from ..protocol.http1 import Http1Client, Reply, TransportFailed
 from .ids import SessionIds
 from .membership import Member, Membership
@@ -57,9 +59,6 @@ RESPONSE_HEADERS = (
 
 class NodeGone(Exception):
     """The transport to a node failed: it crashed, restarted or is cut off."""
-
-
-Body = bytes | AsyncIterator[bytes] | None
 
 
 class Fleet:
@@ -324,6 +323,15 @@ def gone(
     )
 
 
+@contextlib.contextmanager
+def reaching(public_id: str, member: Member) -> Iterator[None]:
+    """Calls to the node holding session `public_id`: a lost node is that session `gone`."""
+    try:
+        yield
+    except NodeGone:
+        raise gone(public_id, member.name) from None
+
+
 class FrontApi:
     """The six operations of the protocol and /health, over the fleet. `tenant` authenticates."""
 
@@ -353,22 +361,6 @@ class FrontApi:
 
     def _headers(self, request: Request) -> dict[str, str]:
         return {k: v for k in REQUEST_HEADERS if (v := request.headers.get(k)) is not None}
-
-    async def _send(
-        self,
-        public: str,
-        member: Member,
-        method: str,
-        target: str,
-        headers: dict[str, str],
-        body: Body = None,
-        stream: bool = False,
-    ) -> Reply:
-        """Send on to the node holding session `public`; `gone` when that node is lost."""
-        try:
-            return await self.fleet.send(member, method, target, headers, body, stream)
-        except NodeGone:
-            raise gone(public, member.name) from None
 
     @staticmethod
     def _target(path: str, request: Request) -> str:
@@ -409,27 +401,32 @@ class FrontApi:
         body = await read_body(request, MAX_EXEC_BODY)
         headers = self._headers(request)
         headers.pop("content-length", None)
-        return _copy(
-            await self._send(public, member, "POST", f"/sessions/{local}/exec", headers, body)
-        )
+        with reaching(public, member):
+            r = await self.fleet.send(member, "POST", f"/sessions/{local}/exec", headers, body)
+        return _copy(r)
 
     async def list_files(self, request: Request) -> Response:
         public, member, local = await self._route(request)
         target = self._target(f"/sessions/{local}/files/list", request)
-        return _copy(await self._send(public, member, "GET", target, self._headers(request)))
+        with reaching(public, member):
+            r = await self.fleet.send(member, "GET", target, self._headers(request))
+        return _copy(r)
 
     async def put_file(self, request: Request) -> Response:
         """The upload streams through to the node, never held whole."""
         public, member, local = await self._route(request)
         target = self._target(f"/sessions/{local}/files", request)
         headers = self._headers(request)
-        return _copy(await self._send(public, member, "POST", target, headers, request.stream()))
+        with reaching(public, member):
+            r = await self.fleet.send(member, "POST", target, headers, request.stream())
+        return _copy(r)
 
     async def get_file(self, request: Request) -> Response:
         """A file's bytes stream from the node to the client, never held whole."""
         public, member, local = await self._route(request)
         target = self._target(f"/sessions/{local}/files", request)
-        r = await self._send(public, member, "GET", target, self._headers(request), stream=True)
+        with reaching(public, member):
+            r = await self.fleet.send(member, "GET", target, self._headers(request), stream=True)
         assert r.stream is not None
         return StreamingResponse(r.stream, status_code=r.status, headers=_response_headers(r))
 
@@ -440,10 +437,8 @@ class FrontApi:
         verb = request.url.path.rsplit("/", 1)[1]
         headers = self._headers(request)
         headers.pop("content-length", None)
-        try:
+        with reaching(public, member):
             r = await self.fleet.send(member, "POST", f"/sessions/{local}/{verb}", headers, b"")
-        except NodeGone:
-            raise gone(public, member.name) from None
         if r.status != 200:
             return _copy(r)
         try:

@@ -11,29 +11,25 @@ import asyncio
 import dataclasses
 import hashlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 from ..egress.credentials import Credential, CredentialInfo
 from ..errors import Conflict, SandbankError, SessionNotFound
 from ..protocol import codec
-from ..protocol.calls import Event, ExecResult, ToolCall
 from ..protocol.client import JSON, Body, ExecClient, error_of
-from ..protocol.filesystem import FsChange, FsEntry
 from ..protocol.http1 import Reply
-from ..protocol.processes import ContextInfo, ProcessEvent, ProcessInfo, ProcessSpec, Signal
 from ..protocol.sessions import (
     SESSION_NAME_HEADER,
-    Download,
-    FileEntry,
-    FormPart,
     SessionInfo,
     SessionSpec,
 )
-from .front import Fleet, NodeGone, gone
+from ..sandbox.forwarding import Events, ForwardingSandboxes, On
+from .front import Fleet, NodeGone, reaching
 from .membership import Member
 
 T = TypeVar("T")
+E = TypeVar("E")
 # Nodes know no tenants (the fronts' ids do): a session's tenant is kept with it as this label,
 # so that a front can list a tenant's sessions.
 TENANT_LABEL = "sandbank.fleet.tenant"
@@ -61,8 +57,8 @@ class MemberTransport:
         return await self.fleet.send(self.member, method, target, dict(headers), body, stream)
 
 
-class FleetSandboxes:
-    """Sessions on the fleet's nodes."""
+class FleetSandboxes(ForwardingSandboxes):
+    """Sessions on the fleet's nodes; a session's operations forwarded to its node."""
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
@@ -82,14 +78,16 @@ class FleetSandboxes:
     def _client(self, member: Member) -> ExecClient:
         return ExecClient(MemberTransport(self.fleet, member))
 
-    async def _on(
-        self, session_id: str, tenant: str, call: Callable[[ExecClient, str], Awaitable[T]]
-    ) -> T:
+    async def _on(self, session_id: str, tenant: str, call: On[T]) -> T:
         member, local = await self.fleet.route(tenant, session_id)
-        try:
+        with reaching(session_id, member):
             return await call(self._client(member), local)
-        except NodeGone:
-            raise gone(session_id, member.name) from None
+
+    async def _events(self, session_id: str, tenant: str, events: Events[E]) -> AsyncIterator[E]:
+        member, local = await self.fleet.route(tenant, session_id)
+        with reaching(session_id, member):
+            async for event in events(self._client(member), local):
+                yield event
 
     async def create(self, tenant: str, spec: SessionSpec | None = None) -> SessionInfo:
         spec = spec or SessionSpec()
@@ -152,21 +150,6 @@ class FleetSandboxes:
         info = await self._on(session_id, tenant, lambda c, local: c.set_lifetime(local, seconds))
         return _public(info, session_id)
 
-    async def list_credentials(self, session_id: str, tenant: str) -> list[CredentialInfo]:
-        return await self._on(session_id, tenant, lambda c, local: c.list_credentials(local))
-
-    async def remove_credential(self, session_id: str, tenant: str, credential_id: str) -> None:
-        await self._on(
-            session_id, tenant, lambda c, local: c.remove_credential(local, credential_id)
-        )
-
-    async def replace_credentials(
-        self, session_id: str, tenant: str, credentials: Sequence[Credential]
-    ) -> list[CredentialInfo]:
-        return await self._on(
-            session_id, tenant, lambda c, local: c.replace_credentials(local, credentials)
-        )
-
     # A tenant's stored credentials live on each node (its data directory, its key): a front
     # does not keep them. A session's own credentials (CreateSession) go to its node.
     async def store_credential(self, tenant: str, credential: Credential) -> CredentialInfo:
@@ -178,110 +161,6 @@ class FleetSandboxes:
     async def delete_stored_credential(self, tenant: str, credential_id: str) -> None:
         raise Conflict(STORED_ON_NODES)
 
-    async def create_context(
-        self, session_id: str, tenant: str, cwd: str | None = None
-    ) -> ContextInfo:
-        return await self._on(session_id, tenant, lambda c, local: c.create_context(local, cwd))
-
-    async def list_contexts(self, session_id: str, tenant: str) -> list[ContextInfo]:
-        return await self._on(session_id, tenant, lambda c, local: c.list_contexts(local))
-
-    async def restart_context(self, session_id: str, tenant: str, context_id: str) -> None:
-        await self._on(session_id, tenant, lambda c, local: c.restart_context(local, context_id))
-
-    async def remove_context(self, session_id: str, tenant: str, context_id: str) -> None:
-        await self._on(session_id, tenant, lambda c, local: c.remove_context(local, context_id))
-
-    async def start_process(
-        self, session_id: str, tenant: str, spec: ProcessSpec
-    ) -> AsyncIterator[ProcessEvent]:
-        member, local = await self.fleet.route(tenant, session_id)
-        try:
-            async for event in await self._client(member).start_process(local, spec):
-                yield event
-        except NodeGone:
-            raise gone(session_id, member.name) from None
-
-    async def connect_process(
-        self, session_id: str, tenant: str, pid: int
-    ) -> AsyncIterator[ProcessEvent]:
-        member, local = await self.fleet.route(tenant, session_id)
-        try:
-            async for event in await self._client(member).connect_process(local, pid):
-                yield event
-        except NodeGone:
-            raise gone(session_id, member.name) from None
-
-    async def list_processes(self, session_id: str, tenant: str) -> list[ProcessInfo]:
-        return await self._on(session_id, tenant, lambda c, local: c.list_processes(local))
-
-    async def send_stdin(self, session_id: str, tenant: str, pid: int, data: bytes) -> None:
-        await self._on(session_id, tenant, lambda c, local: c.send_stdin(local, pid, data))
-
-    async def close_stdin(self, session_id: str, tenant: str, pid: int) -> None:
-        await self._on(session_id, tenant, lambda c, local: c.close_stdin(local, pid))
-
-    async def signal_process(self, session_id: str, tenant: str, pid: int, sig: Signal) -> None:
-        await self._on(session_id, tenant, lambda c, local: c.signal_process(local, pid, sig))
-
-    async def stat(self, session_id: str, tenant: str, path: str) -> FsEntry:
-        return await self._on(session_id, tenant, lambda c, local: c.stat(local, path))
-
-    async def list_tree(self, session_id: str, tenant: str, path: str, depth: int) -> list[FsEntry]:
-        return await self._on(session_id, tenant, lambda c, local: c.list_tree(local, path, depth))
-
-    async def make_dir(self, session_id: str, tenant: str, path: str) -> FsEntry:
-        return await self._on(session_id, tenant, lambda c, local: c.make_dir(local, path))
-
-    async def move(self, session_id: str, tenant: str, source: str, destination: str) -> FsEntry:
-        return await self._on(
-            session_id, tenant, lambda c, local: c.move(local, source, destination)
-        )
-
-    async def remove(self, session_id: str, tenant: str, path: str) -> None:
-        await self._on(session_id, tenant, lambda c, local: c.remove(local, path))
-
-    async def watch(
-        self, session_id: str, tenant: str, path: str, recursive: bool
-    ) -> AsyncIterator[FsChange]:
-        return await self._on(session_id, tenant, lambda c, local: c.watch(local, path, recursive))
-
-    async def create_watcher(self, session_id: str, tenant: str, path: str, recursive: bool) -> str:
-        return await self._on(
-            session_id, tenant, lambda c, local: c.create_watcher(local, path, recursive)
-        )
-
-    async def watcher_changes(
-        self, session_id: str, tenant: str, watcher_id: str
-    ) -> list[FsChange]:
-        return await self._on(
-            session_id, tenant, lambda c, local: c.watcher_changes(local, watcher_id)
-        )
-
-    async def remove_watcher(self, session_id: str, tenant: str, watcher_id: str) -> None:
-        await self._on(session_id, tenant, lambda c, local: c.remove_watcher(local, watcher_id))
-
-    async def execute(
-        self, session_id: str, tenant: str, call: ToolCall, timeout: float
-    ) -> ExecResult:
-        return await self._on(session_id, tenant, lambda c, local: c.execute(local, call, timeout))
-
-    async def stream(
-        self,
-        session_id: str,
-        tenant: str,
-        call: ToolCall,
-        timeout: float,
-        *,
-        cancel_on_close: bool = False,
-    ) -> AsyncIterator[Event]:
-        member, local = await self.fleet.route(tenant, session_id)
-        try:
-            async for event in self._client(member).stream(local, call, timeout, cancel_on_close):
-                yield event
-        except NodeGone:
-            raise gone(session_id, member.name) from None
-
     async def destroy(self, session_id: str, tenant: str) -> None:
         try:
             member, local = await self.fleet.route(tenant, session_id)
@@ -290,44 +169,8 @@ class FleetSandboxes:
         except (SessionNotFound, NodeGone):
             pass  # already gone: the desired state
 
-    async def list_files(
-        self, session_id: str, tenant: str, path: str, limit: int
-    ) -> tuple[list[FileEntry], bool]:
-        return await self._on(session_id, tenant, lambda c, local: c.list_files(local, path))
-
-    async def read_file(self, session_id: str, tenant: str, path: str) -> Download:
-        return await self._on(session_id, tenant, lambda c, local: c.read_file(local, path))
-
-    async def upload(
-        self, session_id: str, tenant: str, form: AsyncIterator[FormPart], cap: int
-    ) -> FileEntry:
-        return await self._on(session_id, tenant, lambda c, local: c.upload(local, form))
-
-    async def write_file(
-        self,
-        session_id: str,
-        tenant: str,
-        path: str,
-        chunks: AsyncIterator[bytes],
-        *,
-        read_only: bool = False,
-    ) -> FileEntry:
-        # Nodes are Sandbank servers, but the protocol carries no modes: as for any remote
-        # backend, a read-only file is made so by its mode (the store keeps the original).
-        entry = await self._on(
-            session_id, tenant, lambda c, local: c.write_file(local, path, chunks)
-        )
-        if read_only:
-            chmod = codec.tool_call("bash_code_execution", {"command": f"chmod 0444 '{_q(path)}'"})
-            await self.execute(session_id, tenant, chmod, 30)
-        return entry
-
 
 def _public(info: SessionInfo, public_id: str) -> SessionInfo:
     """A node's handle as the front shows it: the fleet's id, without the fleet's own label."""
     labels = {k: v for k, v in info.labels.items() if k != TENANT_LABEL}
     return dataclasses.replace(info, id=public_id, labels=labels)
-
-
-def _q(path: str) -> str:
-    return path.replace("'", "'\\''")

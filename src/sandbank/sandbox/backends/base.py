@@ -4,8 +4,10 @@ Backends, siblings over the host resources of `sandbox/host`: `fork` (isolated, 
 warm template; the default), `bwrap` (isolated, a fresh exec each), `gvisor` (a gVisor container
 each: user code on gVisor's kernel, not the host's), `none` (the unisolated
 development mode), `fake` (in-process, for tests that need no root); `backend_for` picks one by
-`SANDBANK_ISOLATION`. A backend declares the properties it claims (`claims`), and the contract
-suite in tests/sandbox runs every test of a property against every backend that claims it.
+`SANDBANK_ISOLATION`. The three isolated ones share their wiring to the host
+(`isolated.IsolatedBackend`) and differ only in how a worker starts. A backend declares the
+properties it claims (`claims`), and the contract suite in tests/sandbox runs every test of a
+property against every backend that claims it.
 """
 
 from __future__ import annotations

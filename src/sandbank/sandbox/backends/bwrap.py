@@ -19,15 +19,8 @@ from ..host.machine import IsolatedHost, check_tools
 from ..host.slot import IsolatedBox, Slot
 from ..limits import Limits
 from ..supervisor import SupervisedSandbox
-from .base import (
-    HOST_RESOURCES,
-    INTERPRETERS,
-    ISOLATION,
-    LIMITS,
-    RUNTIME,
-    Backend,
-    new_sandbox_id,
-)
+from .base import new_sandbox_id
+from .isolated import IsolatedBackend
 
 # Runs as root for a moment: joins the cgroups and sets rlimits while the process is tiny,
 # then execs setpriv, which drops to the sandbox uid before bwrap starts.
@@ -158,26 +151,20 @@ class BwrapStarter:
                 os.close(fd)
 
 
-class BwrapBackend(Backend):
+class BwrapBackend(IsolatedBackend):
     """Sandboxes in bubblewrap namespaces, with cgroups, a uid and a loop disk each."""
 
     name = "bwrap"
     durable = True
-    claims = frozenset({RUNTIME, INTERPRETERS, ISOLATION, LIMITS, HOST_RESOURCES})
 
     def __init__(self, settings: Settings, host: IsolatedHost | None = None) -> None:
-        super().__init__(settings)
-        self.host = host or IsolatedHost(settings, self.instance, self.base_dir, self.limits)
-        self.egress_proxy = self.host.egress_proxy
-        self.runtime_source = self.runtime_dir
+        super().__init__(settings, host)
+        self.runtime_source = self.runtime_dir  # the image's mount once checked
 
     def check(self) -> None:
         check_available()
-        self.host.check()
+        super().check()
         self.runtime_source = mounted_runtime(self.runtime_dir)
-
-    async def prepare(self) -> None:
-        await self.host.prepare()
 
     def new(self, preimport: bool) -> SupervisedSandbox:
         return self._sandbox(preimport, None)
@@ -197,15 +184,3 @@ class BwrapBackend(Backend):
             trust_store=self.host.trust_store,
         )
         return SupervisedSandbox(sandbox_id, IsolatedBox(slot, starter.launch), self.limits)
-
-    def sweep(self) -> None:
-        self.host.sweep()
-
-    async def close(self) -> None:
-        await self.host.close()
-
-    def memory(self) -> dict[str, int]:
-        return {"sandboxes": self.host.memory()}
-
-    def leftovers(self) -> dict[str, list[str]]:
-        return {**super().leftovers(), **self.host.leftovers()}

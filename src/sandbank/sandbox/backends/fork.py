@@ -26,8 +26,9 @@ from ..host.slot import IsolatedBox, Slot
 from ..inside import protocol
 from ..limits import Limits
 from ..supervisor import SupervisedSandbox
-from .base import HOST_RESOURCES, INTERPRETERS, ISOLATION, LIMITS, RUNTIME, Backend, new_sandbox_id
+from .base import new_sandbox_id
 from .fork_template import CACHE, Template, TemplateConfig
+from .isolated import IsolatedBackend
 
 INTERRUPT_FD = 3  # where the sandbox's init puts the interrupt pipe (inside/template.py)
 INIT_PROGRAM = "libexec/sb-init"  # in the runtime; PID 1 of each sandbox (runtime/sb-init.c)
@@ -250,22 +251,19 @@ class ForkStarter:
         return worker
 
 
-class ForkBackend(Backend):
+class ForkBackend(IsolatedBackend):
     """Sandboxes forked from a warm template, on isolated host slots."""
 
     name = "fork"
     durable = True
-    claims = frozenset({RUNTIME, INTERPRETERS, ISOLATION, LIMITS, HOST_RESOURCES})
 
     def __init__(self, settings: Settings, host: IsolatedHost | None = None) -> None:
-        super().__init__(settings)
-        self.host = host or IsolatedHost(settings, self.instance, self.base_dir, self.limits)
-        self.egress_proxy = self.host.egress_proxy
+        super().__init__(settings, host)
         self.template: Template | None = None
 
     def check(self) -> None:
         check_available()
-        self.host.check()
+        super().check()
         self.template = new_template(
             self.settings, self.runtime_dir, self.limits, self.host.seccomp
         )
@@ -275,7 +273,7 @@ class ForkBackend(Backend):
         return self.settings.data_dir.resolve() / f"workspace-{self.limits.disk_bytes}.img"
 
     async def prepare(self) -> None:
-        await self.host.prepare()
+        await super().prepare()
         assert self.template is not None, "check() first"
         await asyncio.to_thread(disk.format_image, self.formatted_disk, self.limits.disk_bytes)
         await self.template.start()
@@ -299,20 +297,14 @@ class ForkBackend(Backend):
         )
         return SupervisedSandbox(sandbox_id, IsolatedBox(slot, starter.launch), self.limits)
 
-    def sweep(self) -> None:
-        self.host.sweep()
-
     def memory(self) -> dict[str, int]:
         # The templates' pages are shared by every sandbox forked from them; their PSS is what
         # they cost beyond the sandboxes' own charge (which counts only pages a fork copied).
         template = self.template.memory()["pss"] if self.template is not None else 0
-        return {"sandboxes": self.host.memory(), "template": template}
-
-    def leftovers(self) -> dict[str, list[str]]:
-        return {**super().leftovers(), **self.host.leftovers()}
+        return {**super().memory(), "template": template}
 
     async def close(self) -> None:
         if self.template is not None:
             await self.template.stop()
         self.formatted_disk.unlink(missing_ok=True)
-        await self.host.close()
+        await super().close()

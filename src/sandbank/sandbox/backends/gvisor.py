@@ -31,7 +31,8 @@ from ..host.machine import IsolatedHost, check_tools, reap_orphans
 from ..host.slot import IsolatedBox, Slot
 from ..limits import Limits
 from ..supervisor import READY_TIMEOUT, SupervisedSandbox
-from .base import HOST_RESOURCES, INTERPRETERS, ISOLATION, LIMITS, RUNTIME, Backend, new_sandbox_id
+from .base import new_sandbox_id
+from .isolated import IsolatedBackend
 
 log = logging.getLogger(__name__)
 
@@ -156,28 +157,25 @@ class GvisorStarter:
                 (self.ctl / runsc.INTERRUPT_SOCKET).unlink()
 
 
-class GvisorBackend(Backend):
+class GvisorBackend(IsolatedBackend):
     """Sandboxes in gVisor containers, with cgroups, a uid and a loop disk each."""
 
     name = "gvisor"
-    claims = frozenset({RUNTIME, INTERPRETERS, ISOLATION, LIMITS, HOST_RESOURCES})
 
     def __init__(self, settings: Settings, host: IsolatedHost | None = None) -> None:
-        super().__init__(settings)
-        self.host = host or IsolatedHost(settings, self.instance, self.base_dir, self.limits)
-        self.egress_proxy = self.host.egress_proxy
-        self.runtime_source = self.runtime_dir
+        super().__init__(settings, host)
+        self.runtime_source = self.runtime_dir  # the image's mount once checked
         self.runsc = runsc.Runsc((settings.data_dir / "gvisor").resolve(), settings.gvisor_platform)
 
     def check(self) -> None:
         check_tools((("runsc", "runsc"),), "SANDBANK_ISOLATION=fork")
-        self.host.check()
+        super().check()
         self.runtime_source = mounted_runtime(self.runtime_dir)
         if self.settings.gvisor_platform == "auto":
             self.runsc.platform = probe_platform()
 
     async def prepare(self) -> None:
-        await self.host.prepare()
+        await super().prepare()
         await asyncio.to_thread(self.runsc.prepare)
         log.info("gvisor: runsc platform %s", self.runsc.platform)
 
@@ -217,20 +215,13 @@ class GvisorBackend(Backend):
         box = IsolatedBox(slot, starter.launch, before_kill=stopped)
         return SupervisedSandbox(sandbox_id, box, self.limits)
 
-    def sweep(self) -> None:
-        self.host.sweep()
-
     async def close(self) -> None:
         await asyncio.to_thread(self.runsc.delete_all)
-        await self.host.close()
-
-    def memory(self) -> dict[str, int]:
-        return {"sandboxes": self.host.memory()}
+        await super().close()
 
     def leftovers(self) -> dict[str, list[str]]:
         return {
             **super().leftovers(),
-            **self.host.leftovers(),
             "containers": self.runsc.containers(),
             "processes": runsc_processes(self.runsc.root),
         }
