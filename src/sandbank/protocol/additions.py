@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import Unprocessable
 from .codec import malformed
-from .filesystem import ChangeKind, EntryKind, FsChange, FsEntry
+from .filesystem import CHANGE_KINDS, EntryKind, FsChange, FsEntry
 from .processes import (
     SIGNALS,
     ContextInfo,
@@ -34,7 +34,6 @@ MAX_LABELS, MAX_ENVS = 64, 256
 MAX_LABEL_CHARS, MAX_ENV_CHARS = 64 * 1024, 32 * 1024
 MAX_ARGS, MAX_ARG_CHARS = 4096, 128 * 1024
 KINDS: tuple[EntryKind, ...] = ("file", "dir", "symlink", "other")
-CHANGES: tuple[ChangeKind, ...] = ("create", "write", "remove", "rename", "chmod")
 
 
 # --- checks of requests --------------------------------------------------------------------------
@@ -216,6 +215,6 @@ def encode_change(c: FsChange) -> dict[str, Any]:
 
 def decode_change(body: Any) -> FsChange:
     with malformed("watch"):
-        if body["kind"] not in CHANGES:
+        if body["kind"] not in CHANGE_KINDS:
             raise ValueError(body["kind"])
         return FsChange(str(body["path"]), body["kind"])

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 EntryKind = Literal["file", "dir", "symlink", "other"]
 ChangeKind = Literal["create", "write", "remove", "rename", "chmod"]
+CHANGE_KINDS: tuple[ChangeKind, ...] = get_args(ChangeKind)
 
 
 @dataclass(frozen=True)

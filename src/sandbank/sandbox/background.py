@@ -26,7 +26,7 @@ from ..errors import (
     SandbankError,
     SandboxError,
 )
-from ..protocol.filesystem import ChangeKind, FsChange
+from ..protocol.filesystem import CHANGE_KINDS, FsChange
 from ..protocol.processes import (
     Exited,
     ProcessEvent,
@@ -40,7 +40,6 @@ from .inside import protocol
 
 REQUEST_TIMEOUT = 60.0  # a request waits at most this (stdin to a process that reads nothing)
 MAX_BEHIND = 32 * 1024 * 1024  # bytes a listener may have unread before it is cut off
-CHANGE_KINDS: tuple[ChangeKind, ...] = ("create", "write", "remove", "rename", "chmod")
 GONE = "the sandbox's interpreter was restarted or the session ended; its processes are gone"
 
 
