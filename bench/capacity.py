@@ -7,7 +7,8 @@ an otherwise quiet machine: memory is read from the machine's MemAvailable, whic
 work moves too. Each phase leaves nothing leased behind.
 
 - `--burst N`: N clients at once, each on a connection of its own, each a CreateSession then a
-  first small numpy call; p50 and p99 of the pair, and of the CreateSession alone.
+  first small numpy call; p50 and p99 of the pair, and of the CreateSession alone; and the
+  machine's CPU the burst took (all processes), which bounds the p50 from below.
 - `--idle N`: N sessions leased one after another, each importing pandas, then held idle; the
   drop of MemAvailable per session (the server's warm pool, already full, refills meanwhile:
   holding N sessions costs what the drop says).
@@ -41,6 +42,15 @@ def mem_available() -> int:
             if row.startswith("MemAvailable:"):
                 return int(row.split()[1]) * 1024
     raise RuntimeError("no MemAvailable")
+
+
+def machine_busy() -> float:
+    """Seconds of CPU this machine's cores have spent busy since boot (every process, the
+    kernel's work for them included): across a burst, what the burst cost."""
+    with open("/proc/stat") as f:
+        cpu = [int(x) for x in f.readline().split()[1:]]
+    idle = cpu[3] + cpu[4]  # idle, iowait
+    return (sum(cpu[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -102,6 +112,7 @@ class Bench:
         conns = [Conn(socket.create_connection(addr, timeout=10), addr[0], auth) for _ in range(n)]
         sel = selectors.DefaultSelector()
         cpu = time.process_time()
+        busy = machine_busy()
         t0 = time.perf_counter()
         for c in conns:  # every connection made beforehand, as a gateway's pool has them
             c.sock.setblocking(False)
@@ -131,12 +142,23 @@ class Bench:
                     pairs.append((time.perf_counter() - t0) * 1000)
                     sel.unregister(c.sock)
         cpu = (time.process_time() - cpu) * 1000
+        busy = (machine_busy() - busy) * 1000
+        wall = (time.perf_counter() - t0) * 1000
         sel.close()
         for c in conns:
             c.sock.close()
         line(f"burst of {n}: CreateSession + numpy call", pairs)
         line(f"burst of {n}: CreateSession alone", creates)
         print(f"burst of {n}: the bench's own CPU {cpu:.0f} ms", flush=True)
+        # On a machine of `cores`, no order of the work finishes half the clients before half of
+        # it is done: busy / 2 / cores bounds the p50 from below (a local server, quiet machine).
+        cores = os.cpu_count() or 1
+        print(
+            f"burst of {n}: machine CPU {busy:.0f} ms over {wall:.0f} ms "
+            f"({busy / n:.1f} ms a client; the p50 cannot be below ~{busy / 2 / cores:.0f} ms "
+            f"on {cores} cores)",
+            flush=True,
+        )
         if failures:
             print(f"burst of {n}: {len(failures)} failed, first: {failures[0]}", flush=True)
         self.release(self.client(), [c.sid for c in conns if c.sid])
