@@ -3,9 +3,10 @@
     .venv/bin/python bench/runtime.py [--rounds 20] [--soak 1000]
 
 Measures a lease from the warm pool, the first call after a lease, a warm `print(1)` round
-trip, the first pandas call of a fresh lease, idle memory per session (PSS of every process
-in its cgroup), create+execute+destroy cycles per second with 2 concurrent clients; with
---soak N, runs N create/execute/destroy cycles and counts what is left behind.
+trip, a warm call of a ~130-line cell, the first pandas call of a fresh lease, idle memory per
+session (PSS of every process in its cgroup), create+execute+destroy cycles per second with 2
+concurrent clients; with --soak N, runs N create/execute/destroy cycles and counts what is left
+behind.
 """
 
 from __future__ import annotations
@@ -28,6 +29,16 @@ from sandbank.sandbox.local import LocalSandboxes
 TENANT = "bench"
 PANDAS = 'import pandas as pd; pd.DataFrame({"a": [1]}).sum()'
 CHART = "import matplotlib.pyplot as plt; plt.plot([1, 2])"
+# A cell of the length models write (~130 lines: helpers defined, one line printed).
+LONG_CELL = (
+    "import numpy as np\n"
+    + "".join(
+        f'\ndef step{i}(frame):\n    """Step {i}."""\n    total = frame[\'a\'].sum() + {i}\n'
+        f"    return frame.assign(c=frame['b'] * total).query('c > 0.5')\n"
+        for i in range(25)
+    )
+    + "print(len(np.arange(3)))\n"
+)
 
 
 def report(name: str, samples: list[float], unit: str = "ms") -> None:
@@ -83,7 +94,7 @@ async def main(args: argparse.Namespace) -> None:
     rt = LocalSandboxes(settings)
     await rt.start()
     try:
-        leases, firsts, warms, pandas, pss, ttfb = [], [], [], [], [], []
+        leases, firsts, warms, longs, pandas, pss, ttfb = [], [], [], [], [], [], []
         for _ in range(args.rounds):
             await rt.pool.wait_full(timeout=300)
             t0 = time.perf_counter()
@@ -92,6 +103,8 @@ async def main(args: argparse.Namespace) -> None:
             firsts.append(await call(rt, s.id, "print(1)"))
             for _ in range(50):
                 warms.append(await call(rt, s.id, "print(1)"))
+            for _ in range(10):
+                longs.append(await call(rt, s.id, LONG_CELL))
             for _ in range(5):
                 ttfb.append(await first_event(rt, s.id))
             cgroup = cgroup_of(rt.session(s.id, TENANT).sandbox)
@@ -109,6 +122,7 @@ async def main(args: argparse.Namespace) -> None:
         report("lease from the warm pool", leases)
         report("first call after a lease (print(1))", firsts)
         report("warm print(1) round trip", warms)
+        report(f"warm call, a {LONG_CELL.count(chr(10))}-line cell", longs)
         report("streamed call: first stdout event", ttfb)
         report("first pandas call of a fresh lease", pandas)
         report("then a first chart (saved as PNG)", charts)

@@ -138,6 +138,27 @@ async def test_previous_results_and_inputs_as_in_ipython(sb: Shell) -> None:
     assert r.stdout == "0\n", r  # echoed values are not kept for the session's life
 
 
+async def test_a_cell_of_plain_python_is_parsed_once(sb: Shell) -> None:
+    # Every parse of source text to a tree goes through the builtin compile with ONLY_AST: the
+    # shell's check of the cell, then (before) IPython's own parse of the same text.
+    await sb.py(
+        "import ast, builtins\n_compile, parses = builtins.compile, []\n"
+        "def counting(source, *args, **kwargs):\n"
+        "    flags = args[2] if len(args) > 2 else kwargs.get('flags', 0)\n"
+        "    if isinstance(source, str) and flags & ast.PyCF_ONLY_AST:\n"
+        "        parses.append(source)\n"
+        "    return _compile(source, *args, **kwargs)\n"
+        "builtins.compile = counting"
+    )
+    r = await sb.py("from __future__ import annotations\nmarked = 41 + 1\nmarked")
+    assert r.stdout == "42\n", r  # the last expression echoed, from the tree handed over
+    r = await sb.py("def f(x: Undefined) -> int: return 1\nmarked = f(0)\nf.__annotations__")
+    assert r.stdout == "{'x': 'Undefined', 'return': 'int'}\n", r  # the earlier cell's future
+    r = await sb.py("builtins.compile = _compile\nprint([s.count('marked') for s in parses])")
+    # Each cell once, this one too (parsed before it ran): before, [2, 2, 1, 1, 1, 1].
+    assert r.stdout == "[2, 1, 1]\n", r
+
+
 async def test_a_new_session_shows_nothing_of_its_warm_up(sb: Shell) -> None:
     # The worker runs a value and an error before any lease (their first use is slow under
     # gVisor): none of it is the user's history.
