@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
 import pytest
 
 from sandbank.errors import LeaseLost, SessionNotFound
 from sandbank.store import Store
+from sandbank.store.records import StartTerms
 from tests.store.support import LEASE, new_chat, started
 
 pytestmark = pytest.mark.anyio
@@ -77,11 +76,11 @@ async def test_questions_posted_at_once_to_many_chats_never_pass_the_run_limits(
 async def test_refused_questions_store_nothing(store: Store) -> None:
     alice_1, alice_2, bob = [await new_chat(store, n) for n in ("alice", "alice", "bob")]
     await started(store, alice_1)
-    refuse = {"max_per_user": 1, "max_total": 2, "owner": None, "lease_seconds": LEASE}
-    assert await store.runs.start(alice_1, "again", **refuse) == "busy"  # type: ignore[arg-type]
-    assert await store.runs.start(alice_2, "more", **refuse) == "user_limit"  # type: ignore[arg-type]
+    refuse: StartTerms = {"max_per_user": 1, "max_total": 2, "owner": None, "lease_seconds": LEASE}
+    assert await store.runs.start(alice_1, "again", **refuse) == "busy"
+    assert await store.runs.start(alice_2, "more", **refuse) == "user_limit"
     refuse["max_total"] = 1
-    assert await store.runs.start(bob, "mine", **refuse) == "total_limit"  # type: ignore[arg-type]
+    assert await store.runs.start(bob, "mine", **refuse) == "total_limit"
     assert [m.content for m in await store.chats.messages(alice_1)] == ["why?"]
     assert await store.chats.messages(alice_2) == [] and await store.chats.messages(bob) == []
     assert [r.session_id for r in await store.runs.claim("r1", 10, LEASE)] == [alice_1]
@@ -223,12 +222,7 @@ async def test_asking_again_runs_the_latest_question_without_storing_it_twice(
     store: Store,
 ) -> None:
     sid = await new_chat(store)
-    args: dict[str, Any] = {
-        "max_per_user": 10,
-        "max_total": 10,
-        "owner": "r1",
-        "lease_seconds": LEASE,
-    }
+    args: StartTerms = {"max_per_user": 10, "max_total": 10, "owner": "r1", "lease_seconds": LEASE}
     assert await store.runs.start(sid, None, **args) == "no_question"
     assert (await store.chats.get(sid)).status == "DONE"  # type: ignore[union-attr]
     first = await started(store, sid, owner="r1", content="how many?")

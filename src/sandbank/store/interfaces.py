@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Unpack
 
 from sandbank.store.records import (
     ApiKey,
@@ -33,6 +33,7 @@ from sandbank.store.records import (
     RunState,
     SessionStatus,
     StartRefusal,
+    StartTerms,
     User,
 )
 
@@ -120,18 +121,10 @@ class RunQueue(Protocol):
     renews its lease; every write of a run is fenced by that lease."""
 
     async def start(
-        self,
-        session_id: str,
-        content: str | None,
-        *,
-        max_per_user: int,
-        max_total: int,
-        owner: str | None,
-        lease_seconds: float,
-        affinity: bool = False,
+        self, session_id: str, content: str | None, **terms: Unpack[StartTerms]
     ) -> tuple[Message, Run] | StartRefusal:
-        """One transaction: check the limits (counted under a lock, so they hold for every
-        replica), move the chat to PENDING, store the question and its run (see
+        """One transaction: check the limits of `terms` (counted under a lock, so they hold
+        for every replica), move the chat to PENDING, store the question and its run (see
         `records.posted_run` for who holds it). `content` None runs the chat's latest question
         again, storing no message (`no_question` when it has none). Refusals store nothing."""
         ...

@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 SessionStatus = Literal["PENDING", "DONE", "ERROR"]
 RunState = Literal["queued", "running", "done", "error", "cancelled"]
@@ -111,13 +111,22 @@ def new_chat(user_id: str, ttl_seconds: float) -> ChatSession:
     return ChatSession(str(uuid.uuid4()), user_id, "DONE", None, now, now + ttl_seconds)
 
 
+class StartTerms(TypedDict):
+    """The terms on which `RunQueue.start` starts a question: the limits it counts, and who
+    holds the run (see `posted_run`)."""
+
+    max_per_user: int
+    max_total: int
+    owner: str | None
+    lease_seconds: float
+    affinity: NotRequired[bool]  # False when not given
+
+
 def start_refusal(
     status: SessionStatus,
     user_id: str,
     pending: Callable[[str | None], int],
-    *,
-    max_per_user: int,
-    max_total: int,
+    terms: StartTerms,
 ) -> StartRefusal | None:
     """Why a question may not start in the user's chat of `status` (None: it may), in the
     order `RunQueue.start` checks. `pending(user_id)` counts the user's PENDING chats and
@@ -125,26 +134,22 @@ def start_refusal(
     run. `no_question` is the caller's to decide after these (its store has the messages)."""
     if status == "PENDING":
         return "busy"
-    if pending(user_id) >= max_per_user:
+    if pending(user_id) >= terms["max_per_user"]:
         return "user_limit"
-    if pending(None) >= max_total:
+    if pending(None) >= terms["max_total"]:
         return "total_limit"
     return None
 
 
 def posted_run(
-    question: Message,
-    user_id: str,
-    *,
-    owner: str | None,
-    lease_seconds: float,
-    affinity: bool,
-    sandbox_replica: str | None,
+    question: Message, user_id: str, terms: StartTerms, *, sandbox_replica: str | None
 ) -> Run:
-    """The run of a question just stored: held by `owner` at once when given, else queued.
-    With `affinity`, a chat whose sandbox lives on another replica has its run queued,
-    preferring that replica (it is left to it, for a moment)."""
+    """The run of a question just stored: held by `terms["owner"]` at once when given, else
+    queued. With `terms["affinity"]`, a chat whose sandbox lives on another replica has its
+    run queued, preferring that replica (it is left to it, for a moment)."""
     now = time.time()
+    owner = terms["owner"]
+    affinity = terms.get("affinity", False)
     preferred = sandbox_replica if affinity and sandbox_replica != owner else None
     holder = owner if preferred is None else None
     return Run(
@@ -154,7 +159,7 @@ def posted_run(
         question_at=question.timestamp,
         state="queued" if holder is None else "running",
         owner=holder,
-        lease_until=None if holder is None else now + lease_seconds,
+        lease_until=None if holder is None else now + terms["lease_seconds"],
         cancel_requested=False,
         attempts=0 if holder is None else 1,
         created_at=now,

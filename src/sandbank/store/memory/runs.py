@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Unpack
 
 from sandbank.store.memory.state import MemoryState
 from sandbank.store.records import (
@@ -17,6 +18,7 @@ from sandbank.store.records import (
     RunState,
     SessionStatus,
     StartRefusal,
+    StartTerms,
     posted_run,
     start_refusal,
     unattended,
@@ -30,24 +32,10 @@ class MemoryRunQueue:
         self.state = state
 
     async def start(
-        self,
-        session_id: str,
-        content: str | None,
-        *,
-        max_per_user: int,
-        max_total: int,
-        owner: str | None,
-        lease_seconds: float,
-        affinity: bool = False,
+        self, session_id: str, content: str | None, **terms: Unpack[StartTerms]
     ) -> tuple[Message, Run] | StartRefusal:
         chat = self.state.chat(session_id)
-        refusal = start_refusal(
-            chat.status,
-            chat.user_id,
-            self.state.count_pending,
-            max_per_user=max_per_user,
-            max_total=max_total,
-        )
+        refusal = start_refusal(chat.status, chat.user_id, self.state.count_pending, terms)
         if refusal is not None:
             return refusal
         if content is None:
@@ -58,14 +46,8 @@ class MemoryRunQueue:
         else:
             question = self.state.append(session_id, "user", content, False)
         self.state.set_status(session_id, "PENDING", "starting")
-        run = posted_run(
-            question,
-            chat.user_id,
-            owner=owner,
-            lease_seconds=lease_seconds,
-            affinity=affinity,
-            sandbox_replica=self.state.sandboxes.get(session_id, (None, None))[0],
-        )
+        replica = self.state.sandboxes.get(session_id, (None, None))[0]
+        run = posted_run(question, chat.user_id, terms, sandbox_replica=replica)
         self.state.runs[run.id] = run
         return question, run
 

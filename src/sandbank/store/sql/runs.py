@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 from functools import partial
-from typing import Any, cast
+from typing import Any, Unpack, cast
 
 import sqlalchemy as sa
 
@@ -23,6 +23,7 @@ from sandbank.store.records import (
     RunState,
     SessionStatus,
     StartRefusal,
+    StartTerms,
     posted_run,
     start_refusal,
     unattended,
@@ -43,15 +44,7 @@ class SqlRunQueue:
         self.db = db
 
     async def start(
-        self,
-        session_id: str,
-        content: str | None,
-        *,
-        max_per_user: int,
-        max_total: int,
-        owner: str | None,
-        lease_seconds: float,
-        affinity: bool = False,
+        self, session_id: str, content: str | None, **terms: Unpack[StartTerms]
     ) -> tuple[Message, Run] | StartRefusal:
         def start(conn: Conn) -> tuple[Message, Run] | StartRefusal:
             if not self.db.is_sqlite:
@@ -63,13 +56,8 @@ class SqlRunQueue:
                     sessions.c.id == session_id
                 )
             ).one()
-            refusal = start_refusal(
-                chat.status,
-                chat.user_id,
-                partial(_count_pending, conn),
-                max_per_user=max_per_user,
-                max_total=max_total,
-            )
+            pending = partial(_count_pending, conn)
+            refusal = start_refusal(chat.status, chat.user_id, pending, terms)
             if refusal is not None:
                 return refusal
             if content is None:
@@ -85,14 +73,7 @@ class SqlRunQueue:
             else:
                 question = insert_message(conn, session_id, last, "user", content, False)
             set_status(conn, session_id, "PENDING", "starting")
-            run = posted_run(
-                question,
-                chat.user_id,
-                owner=owner,
-                lease_seconds=lease_seconds,
-                affinity=affinity,
-                sandbox_replica=chat.replica,
-            )
+            run = posted_run(question, chat.user_id, terms, sandbox_replica=chat.replica)
             conn.execute(sa.insert(runs).values(**asdict(run), updated_at=run.created_at))
             return question, run
 
