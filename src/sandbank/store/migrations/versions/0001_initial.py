@@ -5,6 +5,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sandbank.store.migrations.columns import belongs_to
+
 revision = "0001"
 down_revision = None
 branch_labels = None
@@ -21,13 +23,7 @@ def upgrade() -> None:
     op.create_table(
         "api_keys",
         sa.Column("id", sa.String(32), primary_key=True),
-        sa.Column(
-            "user_id",
-            sa.String(36),
-            sa.ForeignKey("users.id", ondelete="CASCADE"),
-            nullable=False,
-            index=True,
-        ),
+        belongs_to("user_id", "users.id", nullable=False, index=True),
         sa.Column("secret_hash", sa.String(64), nullable=False, unique=True),
         sa.Column("created_at", sa.Double(), nullable=False),
         sa.Column("revoked_at", sa.Double(), nullable=True),
@@ -35,13 +31,7 @@ def upgrade() -> None:
     op.create_table(
         "sessions",
         sa.Column("id", sa.String(36), primary_key=True),
-        sa.Column(
-            "user_id",
-            sa.String(36),
-            sa.ForeignKey("users.id", ondelete="CASCADE"),
-            nullable=False,
-            index=True,
-        ),
+        belongs_to("user_id", "users.id", nullable=False, index=True),
         sa.Column("status", sa.String(16), nullable=False, index=True),
         sa.Column("status_message", sa.Text(), nullable=True),
         sa.Column("created_at", sa.Double(), nullable=False),
@@ -51,12 +41,7 @@ def upgrade() -> None:
     op.create_table(
         "messages",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
-        sa.Column(
-            "session_id",
-            sa.String(36),
-            sa.ForeignKey("sessions.id", ondelete="CASCADE"),
-            nullable=False,
-        ),
+        belongs_to("session_id", "sessions.id", nullable=False),
         sa.Column("timestamp", sa.Double(), nullable=False),
         sa.Column("role", sa.String(16), nullable=False),
         sa.Column("content", sa.Text(), nullable=False),
@@ -66,12 +51,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "files",
-        sa.Column(
-            "session_id",
-            sa.String(36),
-            sa.ForeignKey("sessions.id", ondelete="CASCADE"),
-            primary_key=True,
-        ),
+        belongs_to("session_id", "sessions.id", primary_key=True),
         sa.Column("filename", sa.String(1024), primary_key=True),
         sa.Column("size", sa.BigInteger(), nullable=False),
         sa.Column("origin", sa.String(16), nullable=False),

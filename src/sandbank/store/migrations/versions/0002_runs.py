@@ -5,6 +5,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sandbank.store.migrations.columns import belongs_to
+
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
@@ -15,13 +17,7 @@ def upgrade() -> None:
     op.create_table(
         "runs",
         sa.Column("id", sa.String(36), primary_key=True),
-        sa.Column(
-            "session_id",
-            sa.String(36),
-            sa.ForeignKey("sessions.id", ondelete="CASCADE"),
-            nullable=False,
-            index=True,
-        ),
+        belongs_to("session_id", "sessions.id", nullable=False, index=True),
         sa.Column("user_id", sa.String(36), nullable=False),
         sa.Column("question_at", sa.Double(), nullable=False),
         # queued | running | done | error | cancelled
@@ -44,12 +40,7 @@ def upgrade() -> None:
     op.create_index("ix_runs_state_lease", "runs", ["state", "lease_until"])
     op.create_table(
         "pending_uploads",
-        sa.Column(
-            "session_id",
-            sa.String(36),
-            sa.ForeignKey("sessions.id", ondelete="CASCADE"),
-            primary_key=True,
-        ),
+        belongs_to("session_id", "sessions.id", primary_key=True),
         sa.Column("filename", sa.String(1024), primary_key=True),
         sa.Column("expires_at", sa.Double(), nullable=False),
     )

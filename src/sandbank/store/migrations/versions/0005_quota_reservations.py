@@ -5,6 +5,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sandbank.store.migrations.columns import belongs_to
+
 revision = "0005"
 down_revision = "0004"
 branch_labels = None
@@ -15,18 +17,8 @@ def upgrade() -> None:
     op.create_table(
         "quota_reservations",
         sa.Column("id", sa.String(200), primary_key=True),
-        sa.Column(
-            "user_id",
-            sa.String(36),
-            sa.ForeignKey("users.id", ondelete="CASCADE"),
-            nullable=False,
-        ),
-        sa.Column(
-            "session_id",
-            sa.String(36),
-            sa.ForeignKey("sessions.id", ondelete="CASCADE"),
-            nullable=False,
-        ),
+        belongs_to("user_id", "users.id", nullable=False),
+        belongs_to("session_id", "sessions.id", nullable=False),
         sa.Column("filename", sa.String(1024), nullable=False),
         sa.Column("size", sa.BigInteger(), nullable=False),
         sa.Column("expires_at", sa.Double(), nullable=False),
