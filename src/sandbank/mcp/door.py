@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import io
 import logging
@@ -147,17 +148,23 @@ class McpDoor:
         session_id, _ = await self.defaults.get_or_create(caller, create)
         return session_id, True
 
-    def _gone(
-        self, caller: Caller, session_id: str, default: bool, e: SessionNotFound
-    ) -> Exception:
-        if not default:
-            return e
-        self.defaults.forget(caller, session_id)
-        return DefaultGone(
-            "your default session has ended (it was idle longer than its idle timeout, reached "
-            "its lifetime, or the machine holding it went away): its variables and files are "
-            "gone, and this call did not run. Call again to work in a fresh default session."
-        )
+    @contextlib.asynccontextmanager
+    async def _on_session(self, caller: Caller, args: Args) -> AsyncIterator[str]:
+        """The session a call names (or the caller's default one), for the calls made on it
+        in the block: a default session found gone is forgotten and said so (`DefaultGone`)."""
+        session_id, default = await self._session(caller, args)
+        try:
+            yield session_id
+        except SessionNotFound:
+            if not default:
+                raise
+            self.defaults.forget(caller, session_id)
+            raise DefaultGone(
+                "your default session has ended (it was idle longer than its idle timeout, "
+                "reached its lifetime, or the machine holding it went away): its variables and "
+                "files are gone, and this call did not run. Call again to work in a fresh default "
+                "session."
+            ) from None
 
     # --- tools -------------------------------------------------------------------------------
     async def _list_tools(
@@ -214,11 +221,8 @@ class McpDoor:
 
     async def _run(self, caller: Caller, args: Args, call: ToolCall) -> types.CallToolResult:
         timeout = self._timeout(args)
-        session_id, default = await self._session(caller, args)
-        try:
+        async with self._on_session(caller, args) as session_id:
             result = await self.sandboxes.execute(session_id, caller.tenant, call, timeout)
-        except SessionNotFound as e:
-            raise self._gone(caller, session_id, default, e) from None
         pictures: dict[str, bytes] = {}
         for path in [f for f in result.files if is_image(f)][:MAX_IMAGES]:
             try:
@@ -239,13 +243,10 @@ class McpDoor:
 
     async def list_files(self, caller: Caller, args: Args) -> types.CallToolResult:
         path = _path(args, required=False)
-        session_id, default = await self._session(caller, args)
-        try:
+        async with self._on_session(caller, args) as session_id:
             entries, truncated = await self.sandboxes.list_files(
                 session_id, caller.tenant, path, self.settings.list_files_max
             )
-        except SessionNotFound as e:
-            raise self._gone(caller, session_id, default, e) from None
         lines = [
             f"{e.path}/" if e.is_dir else f"{e.path}\t{e.size_bytes} bytes\t{_when(e.modified_at)}"
             for e in entries
@@ -258,11 +259,8 @@ class McpDoor:
 
     async def read_file(self, caller: Caller, args: Args) -> types.CallToolResult:
         path = _path(args)
-        session_id, default = await self._session(caller, args)
-        try:
+        async with self._on_session(caller, args) as session_id:
             data = await self._read(session_id, caller.tenant, path, MAX_READ_BYTES)
-        except SessionNotFound as e:
-            raise self._gone(caller, session_id, default, e) from None
         contents = file_contents(file_uri(session_id, path), path, data)
         block: types.ContentBlock
         if isinstance(contents, types.TextResourceContents):
@@ -288,11 +286,8 @@ class McpDoor:
             data = _utf8(content, "content").encode("utf-8")
         else:
             raise Unprocessable('encoding must be "utf-8" or "base64"')
-        session_id, default = await self._session(caller, args)
-        try:
+        async with self._on_session(caller, args) as session_id:
             entry = await self.sandboxes.write_file(session_id, caller.tenant, path, _once(data))
-        except SessionNotFound as e:
-            raise self._gone(caller, session_id, default, e) from None
         return types.CallToolResult(
             content=[types.TextContent(text=f"wrote {entry.size_bytes} bytes to {entry.path}")]
         )
@@ -332,11 +327,8 @@ class McpDoor:
         )
 
     async def pause_session(self, caller: Caller, args: Args) -> types.CallToolResult:
-        session_id, default = await self._session(caller, args)
-        try:
+        async with self._on_session(caller, args) as session_id:
             await self.sandboxes.pause(session_id, caller.tenant)
-        except SessionNotFound as e:
-            raise self._gone(caller, session_id, default, e) from None
         return types.CallToolResult(
             content=[
                 types.TextContent(
@@ -348,11 +340,8 @@ class McpDoor:
         )
 
     async def resume_session(self, caller: Caller, args: Args) -> types.CallToolResult:
-        session_id, default = await self._session(caller, args)
-        try:
+        async with self._on_session(caller, args) as session_id:
             await self.sandboxes.resume(session_id, caller.tenant)
-        except SessionNotFound as e:
-            raise self._gone(caller, session_id, default, e) from None
         return types.CallToolResult(
             content=[types.TextContent(text=f"session {session_id} is running")],
             structured_content={"session_id": session_id, "state": "running"},
