@@ -57,6 +57,7 @@ COMPRESSED = 0x01
 ENVELOPE = struct.Struct(">BI")
 MAX_REQUEST = 16 * 1024 * 1024
 KEEPALIVE_DEFAULT = 90.0
+_STREAM = "application/connect+json"
 
 
 class ConnectError(Exception):
@@ -159,13 +160,16 @@ async def _body(request: Request) -> bytes:
     return bytes(body)
 
 
-def _media(request: Request) -> str:
-    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+def _refused(request: Request, media: str) -> Response | None:
+    """415 naming `media` when the request's body is not of it."""
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() == media:
+        return None
+    return Response(status_code=415, headers={"Accept-Post": media})
 
 
 async def unary(request: Request, handler: Unary) -> Response:
-    if _media(request) != "application/json":
-        return Response(status_code=415, headers={"Accept-Post": "application/json"})
+    if (refused := _refused(request, "application/json")) is not None:
+        return refused
     call = Call(request)
     try:
         message = _decode(await _body(request))
@@ -177,8 +181,8 @@ async def unary(request: Request, handler: Unary) -> Response:
 
 
 async def server_stream(request: Request, handler: Streaming) -> Response:
-    if _media(request) != "application/connect+json":
-        return Response(status_code=415, headers={"Accept-Post": "application/connect+json"})
+    if (refused := _refused(request, _STREAM)) is not None:
+        return refused
     call = Call(request)
     # Read whole before answering: a streaming response's disconnect watch takes the
     # request's messages, and a body read later would be lost.
@@ -191,9 +195,6 @@ async def server_stream(request: Request, handler: Streaming) -> Response:
     except (ConnectError, SandbankError, TimeoutError) as e:
         return StreamingResponse(_once(end_stream(connect_error(e))), media_type=_STREAM)
     return StreamingResponse(_rest(first, stream, call.deadline), media_type=_STREAM)
-
-
-_STREAM = "application/connect+json"
 
 
 async def _first(stream: AsyncIterator[Message], deadline: float | None) -> Message | None:
@@ -224,8 +225,8 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
 
 
 async def client_stream(request: Request, handler: ClientStreaming) -> Response:
-    if _media(request) != "application/connect+json":
-        return Response(status_code=415, headers={"Accept-Post": "application/connect+json"})
+    if (refused := _refused(request, _STREAM)) is not None:
+        return refused
     call = Call(request)
     try:
         messages = _envelopes(await _body(request))
