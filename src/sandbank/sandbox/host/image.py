@@ -7,6 +7,9 @@ mount, the sandbox's /proc/self/mountinfo names no host path (a bind of a direct
 show its path on the host's file system). The mount is shared by every server of the machine
 and kept (it is read-only); a new image gets a mount of its own. Without an up-to-date image
 (a development checkout) the runtime directory itself is bound, and a warning says so.
+
+The in-sandbox code and the trust store (`trust.py`) are files on read-only tmpfs mounts, shared
+the same way (`mounted_files`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import fcntl
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from . import disk
@@ -43,16 +47,45 @@ def mounted_runtime(runtime_dir: Path) -> Path:
         return runtime_dir
     st = image.stat()
     key = hashlib.sha256(f"{image}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    point = MOUNTS / key
-    MOUNTS.mkdir(parents=True, exist_ok=True, mode=0o755)
-    with open(MOUNTS / ".lock", "w") as lock:
+    return shared_mount(
+        MOUNTS, key, lambda point: disk.mount_image(image, point), f"the runtime image {image}"
+    )
+
+
+def shared_mount(mounts: Path, key: str, mount: Callable[[Path], None], what: str) -> Path:
+    """`mounts/<key>`, mounted by `mount` unless it is already: one mount per content (`key`),
+    shared by every server of the machine and kept (it is read-only)."""
+    point = mounts / key
+    mounts.mkdir(parents=True, exist_ok=True, mode=0o755)
+    os.chmod(mounts, 0o755)  # noqa: S103 - sandbox users traverse it to reach their binds
+    with open(mounts / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # servers starting together mount it once
-        if str(point) not in disk.mounts_under(MOUNTS):
+        if str(point) not in disk.mounts_under(mounts):
             point.mkdir(exist_ok=True, mode=0o755)
-            disk.mount_image(image, point)
-            log.info("mounted the runtime image %s at %s", image, point)
-    os.chmod(MOUNTS, 0o755)  # noqa: S103 - sandbox users traverse it to reach the runtime
+            mount(point)
+            log.info("mounted %s at %s", what, point)
     return point
+
+
+def mounted_files(mounts: Path, key: str, files: dict[str, bytes], size: int, what: str) -> Path:
+    """`files` (by relative path) on a read-only tmpfs of `size` bytes at `mounts/<key>`, shared
+    as `shared_mount`'s: what is under `bin/` may run, the rest is only read."""
+
+    def fill(point: Path) -> None:
+        disk.mount_tmpfs(point, size)
+        try:
+            for rel, data in files.items():
+                path = point / rel
+                for parent in reversed(path.relative_to(point).parents[:-1]):
+                    (point / parent).mkdir(mode=0o755, exist_ok=True)
+                path.write_bytes(data)
+                path.chmod(0o555 if rel.startswith("bin/") else 0o444)
+            disk.remount_readonly(point)
+        except BaseException:
+            disk.unmount(str(point), lazy=True)
+            raise
+
+    return shared_mount(mounts, key, fill, what)
 
 
 def tree_files(root: Path) -> dict[str, bytes]:
@@ -73,25 +106,5 @@ def mounted_inside(files: dict[str, bytes]) -> Path:
     digest = hashlib.sha256()
     for rel, data in sorted(files.items()):
         digest.update(f"{rel}\0{len(data)}\0".encode() + data)
-    point = INSIDE_MOUNTS / digest.hexdigest()[:16]
-    INSIDE_MOUNTS.mkdir(parents=True, exist_ok=True, mode=0o755)
-    os.chmod(INSIDE_MOUNTS, 0o755)  # noqa: S103 - sandbox users never see it; the binds do
-    with open(INSIDE_MOUNTS / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if str(point) in disk.mounts_under(INSIDE_MOUNTS):
-            return point
-        point.mkdir(exist_ok=True, mode=0o755)
-        disk.mount_tmpfs(point, INSIDE_BYTES)
-        try:
-            for rel, data in files.items():
-                path = point / rel
-                for parent in reversed(path.relative_to(point).parents[:-1]):
-                    (point / parent).mkdir(mode=0o755, exist_ok=True)
-                path.write_bytes(data)
-                path.chmod(0o555 if rel.startswith("bin/") else 0o444)
-            disk.remount_readonly(point)
-        except BaseException:
-            disk.unmount(str(point), lazy=True)
-            raise
-        log.info("mounted the in-sandbox code at %s", point)
-    return point
+    key = digest.hexdigest()[:16]
+    return mounted_files(INSIDE_MOUNTS, key, files, INSIDE_BYTES, "the in-sandbox code")

@@ -12,10 +12,8 @@ all verify against it (and certifi's bundle is this file: scripts/seal-runtime).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
-import os
 import re
 import ssl
 from collections.abc import Sequence
@@ -23,7 +21,7 @@ from pathlib import Path
 
 from ...config import Settings
 from ...errors import ConfigError
-from . import disk
+from . import image
 
 log = logging.getLogger(__name__)
 
@@ -99,21 +97,8 @@ def prepare(settings: Settings, extra: Sequence[bytes] = ()) -> Path | None:
 
 def mounted(bundle: bytes) -> Path:
     """The bundle on a read-only tmpfs of its own, one per content, machine-wide."""
-    point = MOUNTS / hashlib.sha256(bundle).hexdigest()[:16]
-    MOUNTS.mkdir(parents=True, exist_ok=True, mode=0o755)
-    os.chmod(MOUNTS, 0o755)  # noqa: S103 - sandbox users never see it; the binds do
-    with open(MOUNTS / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # servers starting together mount it once
-        if str(point) in disk.mounts_under(MOUNTS):
-            return point
-        point.mkdir(exist_ok=True, mode=0o755)
-        disk.mount_tmpfs(point, len(bundle) + (64 << 10))
-        try:
-            (point / BUNDLE_NAME).write_bytes(bundle)
-            (point / BUNDLE_NAME).chmod(0o444)
-            disk.remount_readonly(point)
-        except BaseException:
-            disk.unmount(str(point), lazy=True)
-            raise
-        log.info("mounted the sandboxes' trust store at %s", point)
-    return point
+    key = hashlib.sha256(bundle).hexdigest()[:16]
+    size = len(bundle) + (64 << 10)
+    return image.mounted_files(
+        MOUNTS, key, {BUNDLE_NAME: bundle}, size, "the sandboxes' trust store"
+    )
