@@ -125,11 +125,7 @@ class SnapshotStore:
                 os.rename(tmp, d / name)
             except OSError as e:
                 tmp.unlink(missing_ok=True)
-                if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise StorageFull(
-                        f"the server's disk has no room for this session's snapshot "
-                        f"({size >> 20} MiB written when it ran out): the session keeps running"
-                    ) from None
+                _raise_if_full(e, f" ({size >> 20} MiB written when it ran out)")
                 raise
             finally:
                 os.close(src)
@@ -192,11 +188,7 @@ class SnapshotStore:
             os.rename(tmp, d / MANIFEST)
         except OSError as e:
             tmp.unlink(missing_ok=True)
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StorageFull(
-                    "the server's disk has no room for this session's snapshot: "
-                    "the session keeps running"
-                ) from None
+            _raise_if_full(e)
             raise
         fsync_dir(d)
 
@@ -273,3 +265,12 @@ def load_key(path: Path) -> bytes:
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32))
     return path.read_bytes().strip()
+
+
+def _raise_if_full(error: OSError, written: str = "") -> None:
+    """`StorageFull` when a snapshot's write failed for want of room: the session runs on."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise StorageFull(
+            f"the server's disk has no room for this session's snapshot{written}: "
+            "the session keeps running"
+        ) from None
