@@ -15,7 +15,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -243,6 +243,17 @@ def check_data_dir(settings: Settings) -> str:
     return f"{path} does not exist yet; `sandbank serve` creates it ({parent} is writable)"
 
 
+@contextlib.contextmanager
+def _opening(kind: str, setting: str) -> Iterator[None]:
+    """Opening what `setting` names: its refusal, or the data dir's, is the check's failure."""
+    try:
+        yield
+    except SandbankError as error:
+        raise Failed(f"{kind}: {error.message}", f"fix {setting}") from None
+    except OSError as error:
+        raise Failed(f"{kind}: {error}", f"fix {setting} or the data dir") from None
+
+
 def check_database(settings: Settings) -> str:
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
@@ -259,12 +270,8 @@ def check_database(settings: Settings) -> str:
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
         return f"{kind}: no database yet; `sandbank serve` creates it"
     head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
-    try:
+    with _opening(kind, "SANDBANK_DATABASE_URL"):
         engines = create_engines(url)
-    except SandbankError as error:
-        raise Failed(f"{kind}: {error.message}", "fix SANDBANK_DATABASE_URL") from None
-    except OSError as error:
-        raise Failed(f"{kind}: {error}", "fix SANDBANK_DATABASE_URL or the data dir") from None
     try:
         with engines.reader.connect() as conn:
             current = MigrationContext.configure(conn).get_current_revision()
@@ -299,8 +306,8 @@ async def check_storage(settings: Settings) -> str:
     root = settings.data_dir / "objects"
     if local and not root.is_dir():
         return f"{kind}: not there yet; `sandbank serve` creates it"
-    try:
-        objects: ObjectStore
+    objects: ObjectStore
+    with _opening(kind, "SANDBANK_STORAGE_URL"):
         if local:
             from .files.local import LocalObjectStore
             from .files.signing import UrlSigner
@@ -309,10 +316,6 @@ async def check_storage(settings: Settings) -> str:
             objects = LocalObjectStore(root, UrlSigner(os.urandom(32), "http://doctor"))
         else:
             objects = open_object_store(settings)
-    except SandbankError as error:
-        raise Failed(f"{kind}: {error.message}", "fix SANDBANK_STORAGE_URL") from None
-    except OSError as error:
-        raise Failed(f"{kind}: {error}", "fix SANDBANK_STORAGE_URL or the data dir") from None
     try:
         await objects.put(key, io.BytesIO(payload), len(payload))
         back = b"".join([chunk async for chunk in await objects.open(key)])
