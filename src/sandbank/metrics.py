@@ -213,8 +213,7 @@ class Metrics:
 
     def watch_sandboxes(self, local: LocalSandboxes) -> None:
         """Gauges read the local sandboxes when scraped: no bookkeeping can drift."""
-        self.registry.register(SessionStates(local))
-        self.registry.register(SandboxMemory(local))
+        self.registry.register(LocalSandboxUse(local))
         self.pool_ready.set_function(lambda: local.status()["pool_ready"])
         Gauge(
             "sandbank_sessions_max",
@@ -294,41 +293,33 @@ class Connections(Collector):
         yield heads
 
 
-class SessionStates(Collector):
-    """`sandbank_sessions{state}`: leased sessions running a call (busy) or not (idle)."""
+class LocalSandboxUse(Collector):
+    """`sandbank_sessions{state}`: leased sessions running a call (busy) or not (idle, paused);
+    `sandbank_sandbox_memory_bytes{part}`: the sandboxes' charge, the fork template's PSS."""
 
     def __init__(self, local: LocalSandboxes) -> None:
         self.local = local
 
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
+        states = GaugeMetricFamily(
             "sandbank_sessions", "Sandbox sessions leased now, by state.", labels=["state"]
         )
         sessions = self.local.sessions()
         busy = sum(1 for s in sessions if s.inflight)
         paused = sum(1 for s in sessions if s.paused and not s.inflight)
-        family.add_metric(["busy"], busy)
-        family.add_metric(["idle"], len(sessions) - busy - paused)
-        family.add_metric(["paused"], paused)
-        yield family
-
-
-class SandboxMemory(Collector):
-    """`sandbank_sandbox_memory_bytes{part}`: the sandboxes' charge, the fork template's PSS."""
-
-    def __init__(self, local: LocalSandboxes) -> None:
-        self.local = local
-
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
+        states.add_metric(["busy"], busy)
+        states.add_metric(["idle"], len(sessions) - busy - paused)
+        states.add_metric(["paused"], paused)
+        yield states
+        memory = GaugeMetricFamily(
             "sandbank_sandbox_memory_bytes",
             "Memory held for sandboxes: `sandboxes` is what all of them (pooled ones too) are "
             "charged together, `template` the fork templates' own (PSS), apart from them.",
             labels=["part"],
         )
         for part, size in sorted(self.local.backend.memory().items()):
-            family.add_metric([part], size)
-        yield family
+            memory.add_metric([part], size)
+        yield memory
 
 
 class FleetCapacity(Collector):
