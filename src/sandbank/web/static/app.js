@@ -137,6 +137,33 @@ function handleFatal(error, box) {
   showAlert(box, error.message);
 }
 
+/**
+ * Arms a Delete `button`: a first click asks for a second, which runs `remove` (its failure shown
+ * in `box`). A native confirm() dialog is easy to click through blindly.
+ */
+function armDelete(button, box, remove) {
+  let armed = false;
+  button.addEventListener("click", async () => {
+    if (!armed) {
+      armed = true;
+      button.textContent = "Confirm delete";
+      return;
+    }
+    button.disabled = true;
+    try {
+      await remove();
+    } catch (error) {
+      handleFatal(error, box);
+      button.disabled = false;
+    }
+  });
+  button.addEventListener("blur", () => {
+    armed = false;
+    button.textContent = "Delete";
+  });
+  return button;
+}
+
 // --- sign-in -------------------------------------------------------------------------------
 
 function showSignIn(message = "") {
@@ -253,26 +280,9 @@ class SessionsView {
 
   row(session, question) {
     const remove = h("button", { type: "button", class: "secondary danger" }, "Delete");
-    let armed = false;
-    remove.addEventListener("click", async () => {
-      // A second click confirms: a native confirm() dialog is easy to click through blindly.
-      if (!armed) {
-        armed = true;
-        remove.textContent = "Confirm delete";
-        return;
-      }
-      remove.disabled = true;
-      try {
-        await api.sessions.remove(session.session_id);
-        this.load();
-      } catch (error) {
-        handleFatal(error, this.box);
-        remove.disabled = false;
-      }
-    });
-    remove.addEventListener("blur", () => {
-      armed = false;
-      remove.textContent = "Delete";
+    armDelete(remove, this.box, async () => {
+      await api.sessions.remove(session.session_id);
+      this.load();
     });
     return h(
       "li",
@@ -763,30 +773,13 @@ class SessionView {
     );
   }
 
-  /** A file's Delete button: a second click confirms (as for sessions). */
+  /** A file's Delete button. */
   deleteButton(name) {
     const button = h("button", { type: "button", class: "link danger delete-file", "aria-label": `Delete ${name}` }, "Delete");
-    let armed = false;
-    button.addEventListener("click", async () => {
-      if (!armed) {
-        armed = true;
-        button.textContent = "Confirm delete";
-        return;
-      }
-      button.disabled = true;
-      try {
-        await api.sessions.deleteFile(this.sid, name);
-        await this.refreshFiles();
-      } catch (error) {
-        handleFatal(error, this.box);
-        button.disabled = false;
-      }
+    return armDelete(button, this.box, async () => {
+      await api.sessions.deleteFile(this.sid, name);
+      await this.refreshFiles();
     });
-    button.addEventListener("blur", () => {
-      armed = false;
-      button.textContent = "Delete";
-    });
-    return button;
   }
 
   async uploadAll(files) {
