@@ -40,6 +40,7 @@ from ..errors import (
     SessionNotFound,
     Unauthorized,
 )
+from ..streams import gather
 
 Message = dict[str, Any]
 Unary = Callable[[Message, "Call"], Awaitable[Message]]
@@ -152,12 +153,10 @@ def _envelopes(body: bytes) -> list[Message]:
 
 
 async def _body(request: Request) -> bytes:
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_REQUEST:
-            raise ConnectError("resource_exhausted", f"the request is larger than {MAX_REQUEST}")
-    return bytes(body)
+    def refused() -> ConnectError:
+        return ConnectError("resource_exhausted", f"the request is larger than {MAX_REQUEST}")
+
+    return await gather(request.stream(), MAX_REQUEST, refused)
 
 
 def _refused(request: Request, media: str) -> Response | None:

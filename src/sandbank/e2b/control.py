@@ -32,6 +32,7 @@ from ..errors import (
 from ..http.auth import TokenAuth
 from ..protocol.sessions import SessionInfo, SessionSpec
 from ..sandbox.port import Sandboxes
+from ..streams import gather
 from .ids import SandboxIds
 from .messages import timestamp
 
@@ -282,11 +283,9 @@ def _now() -> float:
 
 
 async def _json(request: Request) -> dict[str, Any]:
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY:
-            raise BadRequest(f"the body is larger than {MAX_BODY} bytes")
+    raw = await gather(
+        request.stream(), MAX_BODY, lambda: BadRequest(f"the body is larger than {MAX_BODY} bytes")
+    )
     if not raw.strip():
         return {}
     try:

@@ -16,6 +16,7 @@ from ..errors import NotFound, SandbankError
 from ..protocol.calls import RC_KILLED, RC_TIMEOUT, Bundle, Display, Done, Event, Output, PythonCall
 from ..protocol.processes import ContextInfo
 from ..sandbox.port import Sandboxes
+from ..streams import gather
 from . import messages as m
 from .connect import with_keepalive
 from .envd import Target
@@ -154,12 +155,9 @@ def _context(c: ContextInfo) -> dict[str, str]:
 
 
 async def _read(request: Request) -> bytes:
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY:
-            raise SandbankError("the request body is too large")
-    return bytes(body)
+    return await gather(
+        request.stream(), MAX_BODY, lambda: SandbankError("the request body is too large")
+    )
 
 
 async def _ndjson(first: Event, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
