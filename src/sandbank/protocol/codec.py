@@ -336,17 +336,23 @@ def encode_call(call: ToolCall, timeout_s: float | None) -> dict[str, Any]:
     elif isinstance(call, BashCall):
         body = {"tool": "bash_code_execution", "input": {"command": call.command}}
     else:
-        inp: dict[str, Any] = {"command": call.command, "path": call.path}
-        for key in ("file_text", "old_str", "new_str", "insert_line"):
-            value = getattr(call, key)
-            if value is not None:
-                inp[key] = value
-        if call.view_range is not None:
-            inp["view_range"] = list(call.view_range)
-        body = {"tool": "text_editor_code_execution", "input": inp}
+        body = {"tool": "text_editor_code_execution", "input": encode_edit(call)}
     if timeout_s is not None:
         body["timeout_seconds"] = max(1, round(timeout_s))
     return body
+
+
+def encode_edit(call: EditorCall) -> dict[str, Any]:
+    """An editor call as JSON: its command, its path and the fields it sets (the protocol's
+    `input`, and a worker's edit request)."""
+    edit: dict[str, Any] = {"command": call.command, "path": call.path}
+    for key in ("file_text", "old_str", "new_str", "insert_line"):
+        value = getattr(call, key)
+        if value is not None:
+            edit[key] = value
+    if call.view_range is not None:
+        edit["view_range"] = list(call.view_range)
+    return edit
 
 
 def encode_create(spec: SessionSpec) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from ..protocol.calls import (
     RestartReason,
     ToolCall,
 )
-from ..protocol.codec import decode_bundle, text
+from ..protocol.codec import decode_bundle, encode_edit, text
 from ..protocol.filesystem import FsChange
 from ..protocol.processes import ProcessEvent, ProcessInfo, ProcessSpec, Signal
 from .background import Background
@@ -59,14 +59,7 @@ def to_message(call: ToolCall) -> dict[str, Any]:
         return msg
     if isinstance(call, BashCall):
         return {"op": protocol.OP_BASH, "command": call.command}
-    msg = {"op": protocol.OP_EDIT, "command": call.command, "path": call.path}
-    for key in ("file_text", "old_str", "new_str", "insert_line"):
-        value = getattr(call, key)
-        if value is not None:
-            msg[key] = value
-    if call.view_range is not None:
-        msg["view_range"] = list(call.view_range)
-    return msg
+    return {"op": protocol.OP_EDIT, **encode_edit(call)}
 
 
 class Box(Protocol):
