@@ -457,9 +457,7 @@ def decode_result(body: Any, duration_ms: int = 0) -> ExecResult:
             duration_ms=int(body.get("execution_time_ms") or duration_ms),
             displays=[decode_bundle(b) for b in displays],
             main=decode_bundle(main) if main is not None else None,
-            error=CellError(text(error["name"]), text(error["value"]), text(error["traceback"]))
-            if error is not None
-            else None,
+            error=decode_cell_error(error),
             execution_count=int(content.get("execution_count") or 0),
             not_restored={str(k): str(v) for k, v in (content.get("not_restored") or {}).items()},
         )
@@ -475,6 +473,14 @@ def decode_bundle(value: Any) -> Bundle:
     if isinstance(cut, list):
         bundle["cut"] = [text(c) for c in cut]
     return bundle
+
+
+def decode_cell_error(value: Any) -> CellError | None:
+    """A notebook call's exception as both the protocol and a worker send it: {"name", "value",
+    "traceback"}; None for none."""
+    if value is None:
+        return None
+    return CellError(text(value["name"]), text(value["value"]), text(value["traceback"]))
 
 
 def text(value: Any) -> str:

@@ -22,7 +22,6 @@ from ..protocol.calls import (
     RC_KILLED,
     RC_TIMEOUT,
     BashCall,
-    CellError,
     Display,
     ExecResult,
     OnEvent,
@@ -31,7 +30,7 @@ from ..protocol.calls import (
     RestartReason,
     ToolCall,
 )
-from ..protocol.codec import decode_bundle, encode_edit, text
+from ..protocol.codec import decode_bundle, decode_cell_error, encode_edit, text
 from ..protocol.filesystem import FsChange
 from ..protocol.processes import ProcessEvent, ProcessInfo, ProcessSpec, Signal
 from .background import Background
@@ -498,9 +497,7 @@ def _parse(reply: dict[str, Any]) -> ExecResult:
             files=files,
             displays=displays,
             main=decode_bundle(main) if main is not None else None,
-            error=CellError(text(error["name"]), text(error["value"]), text(error["traceback"]))
-            if error is not None
-            else None,
+            error=decode_cell_error(error),
         )
     except (TypeError, ValueError, AttributeError) as e:
         raise WorkerBroken("a malformed reply") from e
