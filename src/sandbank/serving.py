@@ -87,6 +87,9 @@ def listener_config(
         log_level=settings.log_level,
         log_config=None,  # uvicorn's lines go through our handler (text or JSON, request ids)
         access_log=False,
+        # Which peers' headers are believed is SANDBANK_TRUSTED_PROXIES' to say: uvicorn's own
+        # handling would take any loopback peer's X-Forwarded-For as the client's address.
+        proxy_headers=False,
         lifespan=lifespan,
         timeout_graceful_shutdown=30,
     )

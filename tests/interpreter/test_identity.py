@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 from starlette.requests import Request
 
@@ -15,6 +16,7 @@ from sandbank.config import Settings
 from sandbank.http.proxies import is_trusted, parse_networks
 from sandbank.interpreter.identity import Identity, KeyUse
 from sandbank.store import Store, open_store
+from tests.fakeapp import FakeApp
 
 
 def test_only_configured_proxies_are_trusted() -> None:
@@ -111,3 +113,20 @@ async def test_a_failed_write_is_logged_and_the_request_served(
     assert record.levelname == "WARNING"
     assert "could not record an API key's use: database error" in record.getMessage()
     assert secret not in record.getMessage()
+
+
+# --- the peer address the trust is judged by --------------------------------------------------
+
+
+def test_a_forwarded_for_header_never_makes_a_peer_a_trusted_proxy() -> None:
+    # Served as `sandbank serve` serves it (uvicorn, the listener's settings): uvicorn's own
+    # proxy-header handling would take a loopback peer's X-Forwarded-For as the client's
+    # address, so a local process could pass for the trusted proxy and name any user.
+    fake = FakeApp(trusted_user_header="X-Remote-User", trusted_proxies="10.0.0.5/32")
+    with fake.serving() as url:
+        name, _ = fake.new_user()
+        forged = {"X-Forwarded-For": "10.0.0.5", "X-Remote-User": name}
+        with httpx.Client(base_url=url, headers={"Host": "localhost"}) as http:
+            r = http.get("/api/sessions", headers=forged)
+            assert r.status_code == 403, r.text
+            assert "API key" in r.json()["message"]
