@@ -308,3 +308,22 @@ def test_a_lost_node_answers_gone_at_once_and_its_return_is_a_restart() -> None:
             assert "machine holding it (node-1) restarted" in r.json()["detail"]
             again = create(client)
             assert client.post(f"/sessions/{again}/exec", json=CODE).status_code == 200
+
+
+def test_a_front_reaches_its_nodes_directly_whatever_proxy_its_environment_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A proxy the operator names for the model's API (HTTP_PROXY...) is not the way to the
+    fleet's nodes: the capacity probes went there (and found nothing), the calls did not."""
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(name, dead)
+        monkeypatch.setenv(name.lower(), dead)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with fake_node("node-1").serving() as url:
+        front = fake_front(fleet_nodes=f"node-1={url}")
+        with front.running() as client:
+            _until_nodes_up(client, 1)
+            sid = create(client)
+            assert client.post(f"/sessions/{sid}/exec", json=CODE).status_code == 200

@@ -71,9 +71,10 @@ class Fleet:
         self.token = settings.fleet_token.get_secret_value()
         if not self.token:
             raise SandbankError("a front needs SANDBANK_FLEET_TOKEN (the same on fronts and nodes)")
-        # Health checks and capacity reports (off the hot path).
+        # Health checks and capacity reports (off the hot path), straight to the nodes as the
+        # calls go: a proxy the environment names (for the model's API, say) is not the way.
         self.probes = httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.fleet_connect_timeout_seconds)
+            timeout=httpx.Timeout(settings.fleet_connect_timeout_seconds), trust_env=False
         )
         self.membership = Membership(settings, self.probes)
         self.ids = SessionIds(self.token)
