@@ -106,6 +106,10 @@ def setup(settings: Settings) -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(TextFormatter(TEXT_FORMAT))
+    # No record here names its caller's file, thread or process: not looking them up saves
+    # a stack walk per line (logging's documented optimisations; one access line per request).
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -16,6 +16,10 @@ uvicorn's httptools protocol, bounded:
   ends the connection; what the client still sends is read and dropped, `LINGER_BYTES` at
   most for `LINGER_SECONDS`, then it closes (closing at once would reset the connection
   before the client read the answer).
+
+And one thing for speed: a response's head leaves with its first body bytes, in one system
+call (`HeadWithBody`), not two. On loopback each send wakes the peer: a front or a client
+reading a reply woke once for the head and again for the body.
 """
 
 from __future__ import annotations
@@ -278,6 +282,9 @@ class EdgeProtocol(HttpToolsProtocol):
         if self._counted is not None:
             self.connection_book.stop_waiting(self._counted, self)  # a request in progress
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.transport is self.transport:  # not upgraded, not refused
+            cycle.transport = HeadWithBody(self.transport, cycle, self.loop)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -288,6 +295,8 @@ class EdgeProtocol(HttpToolsProtocol):
     # --- early answers -------------------------------------------------------------------
     def on_response_complete(self) -> None:
         cycle, pipelined = self.cycle, bool(self.pipeline)
+        if cycle is not None and isinstance(cycle.transport, HeadWithBody):
+            cycle.transport.flush()  # a body-less answer (HEAD): its head goes before all else
         super().on_response_complete()
         if self.transport.is_closing():
             return
@@ -305,6 +314,57 @@ class EdgeProtocol(HttpToolsProtocol):
             return
         self.flow.resume_reading()
         self._linger_timer = self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
+
+class Cycle(Protocol):
+    """What `HeadWithBody` reads of uvicorn's request-response cycle."""
+
+    response_started: bool
+
+
+class HeadWithBody:
+    """The transport as one request's cycle sees it: the response's head is held until its
+    first body bytes are written, then both go in one `write`. Held for one turn of the loop
+    at most (a streamed response's head is not kept waiting for its first chunk), and written
+    before the connection is closed. Nothing else is held: a `100 Continue` (written before
+    the response starts) goes at once.
+    """
+
+    __slots__ = ("_cycle", "_head", "_loop", "_transport", "_wrote")
+
+    def __init__(
+        self, transport: asyncio.Transport, cycle: Cycle, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._loop = loop
+        self._head: bytes | None = None
+        self._wrote = False  # the head has been handed on
+
+    def write(self, data: bytes) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            self._transport.write(head + data)
+        elif not self._wrote and self._cycle.response_started:
+            self._head = data
+            self._loop.call_soon(self.flush)
+            return
+        else:
+            self._transport.write(data)
+        self._wrote = self._wrote or self._cycle.response_started
+
+    def flush(self) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            self._wrote = True
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def _response(error: SandbankError, api: bool | None, retry_after: int | None = None) -> bytes:
