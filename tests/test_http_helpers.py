@@ -3,6 +3,7 @@ tenants, the Host allow-list, trusted proxies, Server-Sent Events, headers for u
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -51,6 +52,19 @@ def test_each_token_is_a_tenant_of_its_own_that_does_not_reveal_it() -> None:
     with pytest.raises(Unauthorized, match="not accepted"):
         auth.tenant("Bearer tok-c")
     assert TokenAuth([]).tenant(None) == "" and not TokenAuth([]).enabled
+
+
+def test_a_tenant_id_is_the_same_from_release_to_release_among_thousands_of_tokens() -> None:
+    """Sessions, files and runs are kept under the tenant id: it must never change."""
+    tokens = [f"tenant-token-{i:05d}" for i in range(5000)]
+    auth = TokenAuth(tokens)
+    for token in (tokens[0], tokens[2500], tokens[-1]):
+        expected = hashlib.sha256(token.encode()).hexdigest()[:24]
+        assert auth.tenant(f"Bearer {token}") == expected
+    assert len({auth.tenant(f"Bearer {t}") for t in tokens[:500]}) == 500
+    for wrong in ("tenant-token-5000", "tenant-token-0000", tokens[7][:-1], "x" + tokens[7]):
+        with pytest.raises(Unauthorized, match="not accepted"):
+            auth.tenant(f"Bearer {wrong}")
 
 
 def test_tokens_come_from_the_setting_and_the_file_without_blanks_or_comments(

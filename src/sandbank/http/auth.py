@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import hmac
 
 from ..config import Settings
 from ..errors import Unauthorized
@@ -26,27 +25,38 @@ def load_tokens(settings: Settings) -> list[str]:
 
 
 class TokenAuth:
-    """The configured bearer tokens; each maps to a tenant id."""
+    """The configured bearer tokens; each maps to a tenant id.
+
+    A token is found by its SHA-256 digest, one lookup whatever the number of tokens (comparing
+    with every token cost ~60 us a request at 1,000 tokens, ~0.6 ms at 10,000). Its timing
+    tells a client nothing: it depends on the digest of what the client sent, never on a
+    token's bytes, and a digest does not give its token back.
+    """
 
     def __init__(self, tokens: list[str]) -> None:
-        self._tokens = [t.encode() for t in tokens]
+        self._tenants = {_digest(t): _tenant(_digest(t)) for t in tokens}
 
     @property
     def enabled(self) -> bool:
-        return bool(self._tokens)
+        return bool(self._tenants)
 
     def tenant(self, authorization: str | None) -> str:
         """The caller's tenant id; '' when no tokens are configured."""
-        if not self._tokens:
+        if not self._tenants:
             return ""
         token = bearer(authorization)
         if token is None:
             raise Unauthorized("a bearer token is required: Authorization: Bearer <token>")
-        given = token.encode()
-        match = None
-        for known in self._tokens:  # compare with every token, so timing tells nothing
-            if hmac.compare_digest(given, known):
-                match = known
-        if match is None:
+        tenant = self._tenants.get(_digest(token))
+        if tenant is None:
             raise Unauthorized("the bearer token was not accepted")
-        return hashlib.sha256(match).hexdigest()[:24]
+        return tenant
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def _tenant(digest: bytes) -> str:
+    """A token's tenant id: its digest's first 96 bits, in hex (as it always was)."""
+    return digest.hex()[:24]
