@@ -7,7 +7,7 @@ import random
 import re
 import time
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -32,6 +32,9 @@ def route_of(scope: Scope, root: str) -> str:
     return prefix + str(getattr(route, "path", ""))
 
 
+Children = tuple[Histogram, Counter, Counter, Counter]
+
+
 class AccessMiddleware:
     """Gives each request an id, logs one access line and counts it.
 
@@ -43,16 +46,17 @@ class AccessMiddleware:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
-        # (route, method, status) -> its children: requests, bytes in, bytes out
-        self._counters: dict[tuple[str, str, int], tuple[Counter, Counter, Counter]] = {}
+        # (route, method, status) -> its children: seconds, requests, bytes in, bytes out
+        self._children: dict[tuple[str, str, int], Children] = {}
         self._ids = random.Random()  # noqa: S311 - a request id correlates lines; no secret
 
-    def _counted(self, route: str, method: str, status: int) -> tuple[Counter, Counter, Counter]:
+    def _metrics(self, route: str, method: str, status: int) -> Children:
         key = (route, method, status)
-        found = self._counters.get(key)
+        found = self._children.get(key)
         if found is None:
             m = self.metrics
-            found = self._counters[key] = (
+            found = self._children[key] = (
+                m.child(m.http_seconds, route),
                 m.child(m.http_requests, route, method, str(status)),
                 m.child(m.http_bytes, route, "in"),
                 m.child(m.http_bytes, route, "out"),
@@ -75,7 +79,8 @@ class AccessMiddleware:
         root = str(scope.get("root_path", ""))
         started = time.monotonic()
         status = 500  # if nothing was sent, the server failed
-        route = ""  # known once the router has matched (or not)
+        method = str(scope["method"])
+        children: Children | None = None  # known once the response starts
         received = sent = 0
 
         async def counting_receive() -> Message:
@@ -86,7 +91,7 @@ class AccessMiddleware:
             return message
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status, sent, route
+            nonlocal status, sent, children
             if message["type"] == "http.response.body":
                 sent += len(message.get("body", b""))
             elif message["type"] == "http.response.start":
@@ -94,17 +99,16 @@ class AccessMiddleware:
                 headers = [h for h in message.get("headers", ()) if h[0].lower() != b"x-request-id"]
                 headers.append((b"x-request-id", rid.encode("latin-1")))
                 message["headers"] = headers
-                route = route_of(scope, root)
-                m = self.metrics
-                m.child(m.http_seconds, route).observe(time.monotonic() - started)
+                children = self._metrics(route_of(scope, root), method, status)
+                children[0].observe(time.monotonic() - started)
             await send(message)
 
         try:
             await self.app(scope, counting_receive, send_with_id)
         finally:
-            route = route or route_of(scope, root)
-            method = str(scope["method"])
-            requests, bytes_in, bytes_out = self._counted(route, method, status)
+            if children is None:
+                children = self._metrics(route_of(scope, root), method, status)
+            _, requests, bytes_in, bytes_out = children
             requests.inc()
             if received:
                 bytes_in.inc(received)

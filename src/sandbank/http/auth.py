@@ -34,7 +34,7 @@ class TokenAuth:
     """
 
     def __init__(self, tokens: list[str]) -> None:
-        self._tenants = {_digest(t): _tenant(_digest(t)) for t in tokens}
+        self._tenants = {digest: _tenant(digest) for digest in map(_digest, tokens)}
 
     @property
     def enabled(self) -> bool:
